@@ -1,0 +1,60 @@
+"""The proxy's exception tree, translated to OpenAI-style JSON errors at the HTTP boundary.
+
+    ProxyError                      base; never raised itself
+    ├── ClientError                 the request is wrong: 4xx, OpenAI error body, nothing sent upstream
+    └── UpstreamError               upstream failed before the client's stream started: 502/504/4xx
+
+Errors after a stream started are not exceptions but events (`error` + `response.failed`, built
+by the core), because the HTTP status has already been sent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ProxyError(Exception):
+    """Base of the errors the proxy turns into an HTTP error response."""
+
+    status: int = 500
+    error_type: str = "server_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        if status is not None:
+            self.status = status
+        self.param = param
+        self.code = code
+
+    def to_body(self) -> dict[str, Any]:
+        """The OpenAI error body: `{"error": {"message", "type", "param", "code"}}`."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+class ClientError(ProxyError):
+    """The client's request cannot be served as sent (400 unless said otherwise)."""
+
+    status = 400
+    error_type = "invalid_request_error"
+
+
+class UpstreamError(ProxyError):
+    """trtllm-serve failed, answered garbage, or timed out before the first byte (502)."""
+
+    status = 502
+    error_type = "upstream_error"
