@@ -1,7 +1,7 @@
 """The proxy's exception tree, translated to OpenAI-style JSON errors at the HTTP boundary.
 
     ProxyError                      base; never raised itself
-    ├── ClientError                 the request is wrong: 4xx, OpenAI error body, nothing sent upstream
+    ├── ClientError                 the request is wrong: 4xx, nothing sent upstream
     └── UpstreamError               upstream failed before the client's stream started: 502/504/4xx
 
 Errors after a stream started are not exceptions but events (`error` + `response.failed`, built

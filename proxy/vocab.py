@@ -42,7 +42,7 @@ class VocabError(Exception):
 
 
 def _urlopen_fetch(url: str, timeout: float) -> bytes:
-    with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 (fixed https URLs)
+    with urllib.request.urlopen(url, timeout=timeout) as response:
         data: bytes = response.read()
         return data
 

@@ -66,14 +66,17 @@ DEFAULT_ECHO: Mapping[str, Any] = {
 }
 
 #: Upstream's key order (the openai 3.57.0 `Response` model): echo keys slot in by name.
+# fmt: off
 _KEY_ORDER = (
-    "id access_programs created_at error incomplete_details instructions metadata model object "
-    "output parallel_tool_calls temperature tool_choice tools top_p background completed_at "
-    "conversation image input_transformations max_output_tokens max_tool_calls moderation "
-    "previous_response_id prompt prompt_cache_diagnostics prompt_cache_key prompt_cache_options "
-    "prompt_cache_retention reasoning safety_identifier service_tier status text tool_usage "
-    "top_logprobs truncation usage user"
-).split()
+    "id", "access_programs", "created_at", "error", "incomplete_details", "instructions",
+    "metadata", "model", "object", "output", "parallel_tool_calls", "temperature", "tool_choice",
+    "tools", "top_p", "background", "completed_at", "conversation", "image",
+    "input_transformations", "max_output_tokens", "max_tool_calls", "moderation",
+    "previous_response_id", "prompt", "prompt_cache_diagnostics", "prompt_cache_key",
+    "prompt_cache_options", "prompt_cache_retention", "reasoning", "safety_identifier",
+    "service_tier", "status", "text", "tool_usage", "top_logprobs", "truncation", "usage", "user",
+)
+# fmt: on
 
 
 @dataclass(frozen=True, slots=True)

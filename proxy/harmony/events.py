@@ -1,0 +1,194 @@
+"""Responses stream events and output items, built as plain dicts ready for orjson.
+
+One builder per wire type of `responses-stream-contract.md`; the shapes satisfy openai-python's
+strict event models (`sequence_number` everywhere, `logprobs` lists on text events, `status` on
+every item, `summary` on reasoning items). Sequence numbers are stamped by `EventLog`, the single
+place that counts them (contract rule 2: dense from 0, never restarting).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Event = dict[str, Any]
+Item = dict[str, Any]
+
+# Item types; also the "kind" of an open item in stream.py.
+REASONING = "reasoning"
+MESSAGE = "message"
+FUNCTION_CALL = "function_call"
+
+#: Delta event type per item type (what an item streams its text as).
+DELTA_TYPE = {
+    REASONING: "response.reasoning_text.delta",
+    MESSAGE: "response.output_text.delta",
+    FUNCTION_CALL: "response.function_call_arguments.delta",
+}
+
+
+class EventLog:
+    """Collects the events of one `feed`/`finish` call, stamping dense sequence numbers."""
+
+    __slots__ = ("events", "next_sequence")
+
+    def __init__(self) -> None:
+        self.next_sequence = 0
+        self.events: list[Event] = []
+
+    def add(self, event: Event) -> None:
+        event["sequence_number"] = self.next_sequence
+        self.next_sequence += 1
+        self.events.append(event)
+
+    def take(self) -> list[Event]:
+        """Hand over the events collected since the last call."""
+        events, self.events = self.events, []
+        return events
+
+
+# -- items -------------------------------------------------------------------------------------
+
+
+def reasoning_item(item_id: str, text: str | None, status: str) -> Item:
+    """A reasoning item; `text=None` while it is open (`content: []` in `output_item.added`)."""
+    content = [] if text is None else [{"type": "reasoning_text", "text": text}]
+    return {
+        "id": item_id,
+        "type": REASONING,
+        "summary": [],
+        "content": content,
+        "encrypted_content": None,
+        "status": status,
+    }
+
+
+def output_text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def reasoning_text_part(text: str) -> dict[str, Any]:
+    return {"type": "reasoning_text", "text": text}
+
+
+def message_item(item_id: str, text: str | None, status: str, phase: str) -> Item:
+    """An assistant message; `phase` is "final_answer" or "commentary" (a preamble)."""
+    content = [] if text is None else [output_text_part(text)]
+    return {
+        "id": item_id,
+        "type": MESSAGE,
+        "role": "assistant",
+        "status": status,
+        "content": content,
+        "phase": phase,
+    }
+
+
+def function_call_item(
+    item_id: str, call_id: str, name: str, namespace: str | None, arguments: str, status: str
+) -> Item:
+    item: Item = {
+        "id": item_id,
+        "type": FUNCTION_CALL,
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "status": status,
+    }
+    if namespace is not None:
+        item["namespace"] = namespace
+    return item
+
+
+# -- events ------------------------------------------------------------------------------------
+
+
+def response_event(kind: str, response: dict[str, Any]) -> Event:
+    """`response.created` / `in_progress` / `completed` / `incomplete` / `failed`."""
+    return {"type": kind, "response": response}
+
+
+def item_added(output_index: int, item: Item) -> Event:
+    return {"type": "response.output_item.added", "output_index": output_index, "item": item}
+
+
+def item_done(output_index: int, item: Item) -> Event:
+    return {"type": "response.output_item.done", "output_index": output_index, "item": item}
+
+
+def part_added(output_index: int, item_id: str, part: dict[str, Any]) -> Event:
+    return {
+        "type": "response.content_part.added",
+        "output_index": output_index,
+        "item_id": item_id,
+        "content_index": 0,
+        "part": part,
+    }
+
+
+def part_done(output_index: int, item_id: str, part: dict[str, Any]) -> Event:
+    return {
+        "type": "response.content_part.done",
+        "output_index": output_index,
+        "item_id": item_id,
+        "content_index": 0,
+        "part": part,
+    }
+
+
+def delta(kind: str, output_index: int, item_id: str, text: str) -> Event:
+    """A text delta of an item of type `kind` (rule 5: deltas concatenate to the done text)."""
+    if kind == MESSAGE:
+        return {
+            "type": "response.output_text.delta",
+            "output_index": output_index,
+            "item_id": item_id,
+            "content_index": 0,
+            "delta": text,
+            "logprobs": [],
+        }
+    if kind == REASONING:
+        return {
+            "type": "response.reasoning_text.delta",
+            "output_index": output_index,
+            "item_id": item_id,
+            "content_index": 0,
+            "delta": text,
+        }
+    return {
+        "type": "response.function_call_arguments.delta",
+        "output_index": output_index,
+        "item_id": item_id,
+        "delta": text,
+    }
+
+
+def text_done(kind: str, output_index: int, item_id: str, text: str) -> Event:
+    """`output_text.done`, `reasoning_text.done` or `function_call_arguments.done`."""
+    if kind == MESSAGE:
+        return {
+            "type": "response.output_text.done",
+            "output_index": output_index,
+            "item_id": item_id,
+            "content_index": 0,
+            "text": text,
+            "logprobs": [],
+        }
+    if kind == REASONING:
+        return {
+            "type": "response.reasoning_text.done",
+            "output_index": output_index,
+            "item_id": item_id,
+            "content_index": 0,
+            "text": text,
+        }
+    return {
+        "type": "response.function_call_arguments.done",
+        "output_index": output_index,
+        "item_id": item_id,
+        "arguments": text,
+    }
+
+
+def error_event(code: str, message: str, param: str | None = None) -> Event:
+    """openai-python's `ResponseErrorEvent`; always followed by `response.failed`."""
+    return {"type": "error", "code": code, "message": message, "param": param}

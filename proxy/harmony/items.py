@@ -1,0 +1,153 @@
+"""Output items: which item a Harmony message becomes, and each item's event lifecycle.
+
+One Harmony message is one output item (contract rule 1). `classify` decides the item from the
+completed header; `OpenItem` then owns that item's events from `output_item.added` to
+`output_item.done`, so the lifecycle of every item type lives in this one file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from proxy.harmony import events as ev
+from proxy.harmony.response import IdFactory
+
+# Accounting channels (the record's and the metrics' label values): a small fixed set.
+REASONING_CHANNEL = "reasoning"
+FINAL_CHANNEL = "final"
+COMMENTARY_CHANNEL = "commentary"  # preambles to the user
+TOOL_CHANNEL = "tool_call"  # function-call arguments and built-in tool input
+CHANNELS = (REASONING_CHANNEL, FINAL_CHANNEL, COMMENTARY_CHANNEL, TOOL_CHANNEL)
+
+_FUNCTIONS_PREFIX = "functions."
+
+
+class OpenItem:
+    """An output item from its header to its end token; collects its text as deltas."""
+
+    __slots__ = (
+        "call_id",
+        "channel",
+        "done_item",
+        "flushed",
+        "item_id",
+        "kind",
+        "name",
+        "namespace",
+        "output_index",
+        "parts",
+        "phase",
+        "tokens",
+    )
+
+    def __init__(
+        self,
+        kind: str,
+        channel: str,
+        output_index: int,
+        item_id: str,
+        *,
+        phase: str = "final_answer",
+        name: str = "",
+        namespace: str | None = None,
+        call_id: str = "",
+    ) -> None:
+        self.kind = kind
+        self.channel = channel
+        self.output_index = output_index
+        self.item_id = item_id
+        self.phase = phase
+        self.name = name
+        self.namespace = namespace
+        self.call_id = call_id
+        self.parts: list[str] = []
+        self.flushed = 0  # parts[:flushed] have gone out as delta events
+        self.tokens = 0
+        self.done_item: ev.Item = {}
+
+    def add(self, delta: str) -> None:
+        self.parts.append(delta)
+
+    def take_pending(self) -> str:
+        """The text added since the last call (one coalesced delta), or ""."""
+        parts, start = self.parts, self.flushed
+        self.flushed = len(parts)
+        if start + 1 == len(parts):
+            return parts[start]  # the common case at one token per frame: no join
+        return "".join(parts[start:])
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+    def delta_event(self, text: str) -> ev.Event:
+        return ev.delta(self.kind, self.output_index, self.item_id, text)
+
+    def _item(self, text: str | None, status: str) -> ev.Item:
+        if self.kind == ev.REASONING:
+            return ev.reasoning_item(self.item_id, text, status)
+        if self.kind == ev.MESSAGE:
+            return ev.message_item(self.item_id, text, status, self.phase)
+        return ev.function_call_item(
+            self.item_id, self.call_id, self.name, self.namespace, text or "", status
+        )
+
+    def _part(self, text: str) -> dict[str, object] | None:
+        if self.kind == ev.REASONING:
+            return ev.reasoning_text_part(text)
+        if self.kind == ev.MESSAGE:
+            return ev.output_text_part(text)
+        return None  # function calls have no content parts
+
+    def opening_events(self) -> Iterator[ev.Event]:
+        """`output_item.added` (+ `content_part.added`): contract rule 3."""
+        yield ev.item_added(self.output_index, self._item(None, "in_progress"))
+        part = self._part("")
+        if part is not None:
+            yield ev.part_added(self.output_index, self.item_id, part)
+
+    def closing_events(self, status: str) -> Iterator[ev.Event]:
+        """Every done event of the item, in the contract's order (rule 4); sets `done_item`."""
+        text = self.text
+        yield ev.text_done(self.kind, self.output_index, self.item_id, text)
+        part = self._part(text)
+        if part is not None:
+            yield ev.part_done(self.output_index, self.item_id, part)
+        self.done_item = self._item(text, status)
+        yield ev.item_done(self.output_index, self.done_item)
+
+
+def classify(
+    *,
+    channel: str | None,
+    recipient: str | None,
+    namespaces: frozenset[str],
+    output_index: int,
+    ids: IdFactory,
+) -> OpenItem:
+    """The item a completed assistant header opens (see the table in stream.py)."""
+    if recipient:
+        namespace, _, name = recipient.partition(".")
+        if recipient.startswith(_FUNCTIONS_PREFIX):
+            namespace, name = "", recipient[len(_FUNCTIONS_PREFIX) :]
+        if namespace == "" or namespace in namespaces:
+            return OpenItem(
+                ev.FUNCTION_CALL,
+                TOOL_CHANNEL,
+                output_index,
+                ids("fc"),
+                name=name,
+                namespace=namespace or None,
+                call_id=ids("call"),
+            )
+        # A built-in tool (browser.*, python, …) that the proxy does not run: its input is
+        # model reasoning, shown the way upstream's non-streaming answer shows it.
+        return OpenItem(ev.REASONING, TOOL_CHANNEL, output_index, ids("rs"))
+    if channel == "analysis":
+        return OpenItem(ev.REASONING, REASONING_CHANNEL, output_index, ids("rs"))
+    if channel == "commentary":
+        return OpenItem(
+            ev.MESSAGE, COMMENTARY_CHANNEL, output_index, ids("msg"), phase="commentary"
+        )
+    # final, and a message without a channel: the answer.
+    return OpenItem(ev.MESSAGE, FINAL_CHANNEL, output_index, ids("msg"))

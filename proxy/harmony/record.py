@@ -1,0 +1,189 @@
+"""What one response's repair did, as data (house-style principle 3): metrics and logs read it.
+
+`Tally` counts while the stream runs (cheap: per item and per event, not per token);
+`RepairRecord` is its frozen summary, including what the unpatched upstream would have lost
+for the same chunks (issue 2's definition):
+
+- `recovered_events[type]`: events of that type in the repaired stream counted at one delta per
+  token, minus those the unpatched stream carries, floored at zero;
+- `recovered_chars[channel]` / `recovered_tokens[channel]`: text characters / content tokens
+  the repaired stream delivered that the unpatched stream's deltas did not;
+- `unpatched_text_differs`: the unpatched stream's streamed reasoning or answer text differs
+  from the text its own terminal snapshot carries (what made clients show the wrong answer).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.harmony import events as ev
+from proxy.harmony.items import (
+    CHANNELS,
+    FINAL_CHANNEL,
+    REASONING_CHANNEL,
+    TOOL_CHANNEL,
+    OpenItem,
+)
+
+#: Which accounting channel the unpatched stream's deltas of each type carry.
+_UNPATCHED_DELTA_CHANNEL = {
+    "response.reasoning_text.delta": REASONING_CHANNEL,
+    "response.output_text.delta": FINAL_CHANNEL,
+    "response.function_call_arguments.delta": TOOL_CHANNEL,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RepairRecord:
+    """A frozen summary of one response (see the module docstring for the recovery fields)."""
+
+    status: str
+    finish_reason: str | None
+    output_tokens: int
+    frames: int
+    reasoning_tokens: int
+    items: Mapping[str, int]
+    tokens: Mapping[str, int]
+    content_tokens: Mapping[str, int]
+    chars: Mapping[str, int]
+    events: Mapping[str, int]
+    malformed: Mapping[str, int]
+    compared: bool = False
+    recovered_events: Mapping[str, int] = field(default_factory=dict)
+    recovered_chars: Mapping[str, int] = field(default_factory=dict)
+    recovered_tokens: Mapping[str, int] = field(default_factory=dict)
+    unpatched_text_differs: bool = False
+
+    @property
+    def items_unannounced(self) -> int:
+        """Items the unpatched stream would never have announced (`output_item.added`)."""
+        return self.recovered_events.get("response.output_item.added", 0)
+
+    @property
+    def items_unclosed(self) -> int:
+        """Items the unpatched stream would never have closed (`output_item.done`)."""
+        return self.recovered_events.get("response.output_item.done", 0)
+
+    @property
+    def repaired(self) -> bool:
+        """True when the unpatched stream would have lost or garbled anything."""
+        return self.unpatched_text_differs or any(self.recovered_events.values())
+
+
+class Tally:
+    """Running counts of one stream; `record()` freezes them."""
+
+    __slots__ = (
+        "chars",
+        "content_tokens",
+        "emitted_events",
+        "final_text",
+        "frames",
+        "items",
+        "per_token_deltas",
+        "reasoning_text",
+        "reasoning_tokens",
+        "tokens",
+        "tokens_by_channel",
+        "unpatched_chars",
+        "unpatched_events",
+        "unpatched_text",
+        "unpatched_tokens",
+    )
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.frames = 0
+        self.reasoning_tokens = 0
+        self.items: Counter[str] = Counter()
+        self.tokens_by_channel: Counter[str] = Counter()
+        self.content_tokens: Counter[str] = Counter()
+        self.chars: Counter[str] = Counter()
+        self.emitted_events: Counter[str] = Counter()
+        self.per_token_deltas: Counter[str] = Counter()
+        self.reasoning_text: list[str] = []
+        self.final_text: list[str] = []
+        self.unpatched_events: Counter[str] = Counter()
+        self.unpatched_chars: Counter[str] = Counter()
+        self.unpatched_tokens: Counter[str] = Counter()
+        self.unpatched_text: dict[str, list[str]] = {REASONING_CHANNEL: [], FINAL_CHANNEL: []}
+
+    def emitted(self, event_type: str) -> None:
+        self.emitted_events[event_type] += 1
+
+    def closed(self, item: OpenItem) -> None:
+        channel = item.channel
+        text = item.text
+        self.items[item.kind] += 1
+        self.tokens_by_channel[channel] += item.tokens
+        self.content_tokens[channel] += len(item.parts)  # one part per token that gave text
+        self.chars[channel] += len(text)
+        self.per_token_deltas[ev.DELTA_TYPE[item.kind]] += len(item.parts)
+        if channel == REASONING_CHANNEL:
+            self.reasoning_tokens += item.tokens
+            self.reasoning_text.append(text)
+        elif channel == FINAL_CHANNEL:
+            self.final_text.append(text)
+
+    def unpatched(self, events: Iterable[ev.Event]) -> None:
+        for event in events:
+            kind = event["type"]
+            self.unpatched_events[kind] += 1
+            channel = _UNPATCHED_DELTA_CHANNEL.get(kind)
+            if channel is not None:
+                text = event["delta"]
+                self.unpatched_chars[channel] += len(text)
+                self.unpatched_tokens[channel] += 1
+                if channel in self.unpatched_text:
+                    self.unpatched_text[channel].append(text)
+
+    def record(
+        self,
+        *,
+        status: str,
+        finish_reason: str | None,
+        output: list[dict[str, Any]],
+        malformed: Mapping[str, int],
+        compared: bool,
+    ) -> RepairRecord:
+        del output  # the tally already holds what it needs of the items
+        base: dict[str, Any] = {
+            "status": status,
+            "finish_reason": finish_reason,
+            "output_tokens": self.tokens,
+            "frames": self.frames,
+            "reasoning_tokens": self.reasoning_tokens,
+            "items": dict(self.items),
+            "tokens": dict(self.tokens_by_channel),
+            "content_tokens": dict(self.content_tokens),
+            "chars": dict(self.chars),
+            "events": dict(self.emitted_events),
+            "malformed": dict(malformed),
+        }
+        if not compared:
+            return RepairRecord(**base)
+        repaired = self.emitted_events.copy()
+        for delta_type, count in self.per_token_deltas.items():
+            repaired[delta_type] = count  # counted at one delta per token
+        kinds = set(repaired) | set(self.unpatched_events)
+        recovered_events = {
+            kind: max(0, repaired[kind] - self.unpatched_events[kind]) for kind in sorted(kinds)
+        }
+        differs = "".join(self.unpatched_text[REASONING_CHANNEL]) != "".join(
+            self.reasoning_text
+        ) or "".join(self.unpatched_text[FINAL_CHANNEL]) != "".join(self.final_text)
+        return RepairRecord(
+            **base,
+            compared=True,
+            recovered_events=recovered_events,
+            recovered_chars={
+                ch: max(0, self.chars[ch] - self.unpatched_chars[ch]) for ch in CHANNELS
+            },
+            recovered_tokens={
+                ch: max(0, self.content_tokens[ch] - self.unpatched_tokens[ch]) for ch in CHANNELS
+            },
+            unpatched_text_differs=differs,
+        )

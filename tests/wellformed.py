@@ -1,0 +1,192 @@
+"""`assert_well_formed(events)`: every rule of responses-stream-contract.md, in one place.
+
+Used at every layer: the core's events, the SSE the server writes, streams read back by clients.
+Returns the terminal response so callers can assert on it further.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+TERMINAL = ("response.completed", "response.incomplete", "response.failed")
+ID_PREFIX = {"reasoning": "rs_", "message": "msg_", "function_call": "fc_"}
+PART_TYPE = {"reasoning": "reasoning_text", "message": "output_text"}
+DELTA_TYPE = {
+    "reasoning": "response.reasoning_text.delta",
+    "message": "response.output_text.delta",
+    "function_call": "response.function_call_arguments.delta",
+}
+TEXT_DONE_TYPE = {
+    "reasoning": "response.reasoning_text.done",
+    "message": "response.output_text.done",
+    "function_call": "response.function_call_arguments.done",
+}
+
+
+class _Open:
+    def __init__(self, index: int, item: dict[str, Any]) -> None:
+        self.index = index
+        self.item = item
+        self.kind = item["type"]
+        self.id = item["id"]
+        self.text: list[str] = []
+        self.part_added = False
+        self.text_done: str | None = None
+        self.part_done = False
+
+
+def _item_text(item: dict[str, Any]) -> str:
+    if item["type"] == "function_call":
+        return str(item["arguments"])
+    return "".join(part["text"] for part in item.get("content") or [])
+
+
+def _check_usage(usage: Any) -> None:
+    assert isinstance(usage, dict), f"terminal usage must be an object, got {usage!r}"
+    for key in ("input_tokens", "output_tokens", "total_tokens"):
+        assert isinstance(usage[key], int), f"usage.{key} = {usage.get(key)!r}"
+    assert isinstance(usage["input_tokens_details"]["cached_tokens"], int)
+    assert isinstance(usage["input_tokens_details"]["cache_write_tokens"], int)
+    assert isinstance(usage["output_tokens_details"]["reasoning_tokens"], int)
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+
+
+def assert_well_formed(events: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Assert the contract's rules 1-10 (SDK model validation is `sdk.py`'s job)."""
+    assert len(events) >= 3, f"a stream has at least created, in_progress, terminal: {events}"
+    for number, event in enumerate(events):
+        assert event.get("sequence_number") == number, (
+            f"event {number} ({event.get('type')}) has sequence_number "
+            f"{event.get('sequence_number')} (rule 2: dense from 0)"
+        )
+    assert events[0]["type"] == "response.created", events[0]["type"]
+    assert events[1]["type"] == "response.in_progress", events[1]["type"]
+    response_id = events[0]["response"]["id"]
+    assert response_id.startswith("resp_"), response_id
+    terminals = [e for e in events if e["type"] in TERMINAL]
+    assert len(terminals) == 1, f"exactly one terminal event (rule 8), got {len(terminals)}"
+    assert events[-1]["type"] in TERMINAL, f"the terminal event comes last: {events[-1]['type']}"
+
+    done_items: list[dict[str, Any]] = []
+    current: _Open | None = None
+    seen_ids: set[str] = set()
+    for number, event in enumerate(events):
+        kind = event["type"]
+        where = f"event {number} ({kind})"
+        if "response" in event:
+            assert event["response"]["id"] == response_id, f"{where}: response id changed"
+            if kind in ("response.created", "response.in_progress"):
+                assert number < 2, f"{where} after the opening events"
+                assert event["response"]["status"] == "in_progress"
+                assert event["response"]["output"] == []
+            continue
+        if kind == "error":
+            assert events[number + 1]["type"] == "response.failed", f"{where}: must precede failed"
+            assert isinstance(event["message"], str), where
+            assert event["message"], f"{where}: empty error message"
+            continue
+        if kind == "response.output_item.added":
+            assert current is None, f"{where}: item {current and current.index} still open (rule 4)"
+            item = event["item"]
+            assert event["output_index"] == len(done_items), (
+                f"{where}: output_index {event['output_index']} != position {len(done_items)}"
+            )
+            prefix = ID_PREFIX.get(item["type"])
+            assert prefix is not None, f"{where}: unexpected item type {item['type']}"
+            assert item["id"].startswith(prefix), f"{where}: id {item['id']!r} (rule 1)"
+            assert item["id"] not in seen_ids, f"{where}: duplicate item id {item['id']}"
+            seen_ids.add(item["id"])
+            assert item["status"] == "in_progress", where
+            if item["type"] == "function_call":
+                assert item["call_id"].startswith("call_"), f"{where}: call_id {item['call_id']!r}"
+                assert item["name"], f"{where}: function call without a name"
+                assert item["arguments"] == "", where
+            else:
+                assert item["content"] == [], where
+            if item["type"] == "reasoning":
+                assert item["summary"] == [], where
+            current = _Open(event["output_index"], item)
+            continue
+        assert current is not None, f"{where}: no item is open (rule 3)"
+        if "item_id" in event:
+            assert event["item_id"] == current.id, f"{where}: item_id {event['item_id']!r}"
+        assert event["output_index"] == current.index, f"{where}: output_index (rule 1)"
+        if kind == "response.content_part.added":
+            assert current.kind in PART_TYPE, where
+            assert not current.part_added, where
+            assert not current.text, where
+            assert event["content_index"] == 0, where
+            assert event["part"]["type"] == PART_TYPE[current.kind], where
+            assert event["part"]["text"] == "", where
+            current.part_added = True
+        elif kind == DELTA_TYPE[current.kind]:
+            assert current.text_done is None, f"{where}: delta after done"
+            if current.kind in PART_TYPE:
+                assert current.part_added, f"{where}: delta before content_part.added (rule 3)"
+                assert event["content_index"] == 0, where
+            if current.kind == "message":
+                assert event["logprobs"] == [], where
+            delta = event["delta"]
+            assert delta, f"{where}: empty delta"
+            assert "\ufffd" not in delta, f"{where}: broken character in {delta!r} (rule 5)"
+            delta.encode("utf-8")  # raises on a lone surrogate
+            current.text.append(delta)
+        elif kind == TEXT_DONE_TYPE[current.kind]:
+            text = event["arguments"] if current.kind == "function_call" else event["text"]
+            assert text == "".join(current.text), f"{where}: done text != deltas (rule 5)"
+            current.text_done = text
+            if current.kind == "function_call":
+                assert "<|constrain|>" not in text, f"{where}: header in arguments (rule 6)"
+        elif kind == "response.content_part.done":
+            assert current.text_done is not None, f"{where}: before the text done event"
+            assert event["part"]["text"] == current.text_done, where
+            assert event["part"]["type"] == PART_TYPE[current.kind], where
+            current.part_done = True
+        elif kind == "response.output_item.done":
+            item = event["item"]
+            assert current.text_done is not None, f"{where}: text done event missing"
+            if current.kind in PART_TYPE:
+                assert current.part_done, f"{where}: content_part.done missing"
+            assert item["id"] == current.id, where
+            assert item["type"] == current.kind, where
+            assert item["status"] in ("completed", "incomplete"), (
+                f"{where}: status {item['status']}"
+            )
+            assert _item_text(item) == current.text_done, f"{where}: item text != done text"
+            if current.kind == "function_call":
+                added = current.item
+                assert (item["call_id"], item["name"]) == (added["call_id"], added["name"]), where
+                assert item.get("namespace") == added.get("namespace"), where
+            done_items.append(item)
+            current = None
+        else:
+            raise AssertionError(f"{where}: unexpected for a {current.kind} item")
+    assert current is None, f"item {current.index} still open at the terminal event (rule 8)"
+
+    terminal = events[-1]
+    response = terminal["response"]
+    status = {
+        "response.completed": "completed",
+        "response.incomplete": "incomplete",
+        "response.failed": "failed",
+    }[terminal["type"]]
+    assert response["status"] == status, f"terminal status {response['status']} != {status}"
+    assert response["output"] == done_items, "snapshot output != the done items (rule 9)"
+    _check_usage(response["usage"])
+    if status == "completed":
+        assert all(item["status"] == "completed" for item in done_items), "unfinished item"
+    if status == "incomplete":
+        assert response["incomplete_details"] == {"reason": "max_output_tokens"}
+    if status == "failed":
+        assert events[-2]["type"] == "error"
+        # the snapshot's code is openai-python's closed set; the error event carries ours
+        assert response["error"]["code"] in ("server_error", "rate_limit_exceeded")
+        assert response["error"]["message"]
+    else:
+        assert response["error"] is None
+    for key in ("id", "created_at", "model", "object", "output", "parallel_tool_calls"):
+        assert key in response, f"snapshot lacks {key} (rule 10)"
+    assert "tool_choice" in response
+    assert "tools" in response
+    return response
