@@ -1,0 +1,107 @@
+"""Upstream `/v1/completions` stream frames, parsed without I/O (trtllm-serve.md §2).
+
+Each `data:` payload is one of: a chunk whose `choices[0].token_ids` holds every token since the
+previous frame (possibly none) and, on the last content frame, `finish_reason`/`stop_reason`; a
+usage frame (`choices: []`, `usage`); `{"error": …}` (newer servers, mid-stream); or `[DONE]`.
+Anything else is a protocol error the shell turns into `response.failed`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+DONE = "[DONE]"
+_MAX_TOKEN_ID = 2**32 - 1
+
+
+class FrameError(ValueError):
+    """A frame the proxy cannot use; `code` names the kind (a metric label, never free text)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One parsed upstream frame (`done` is the `[DONE]` sentinel)."""
+
+    token_ids: tuple[int, ...] = ()
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    completion_tokens: int | None = None
+    done: bool = False
+
+
+DONE_FRAME = Frame(done=True)
+
+
+def parse_frame(data: str) -> Frame:
+    """Parse one `data:` payload; raise `FrameError` for errors and malformed frames."""
+    if data == DONE:
+        return DONE_FRAME
+    try:
+        payload = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise FrameError(
+            "malformed_frame", f"upstream sent a frame that is not JSON: {exc}"
+        ) from exc
+    if not isinstance(payload, dict):
+        raise FrameError("malformed_frame", "upstream sent a frame that is not a JSON object")
+    if "error" in payload:
+        raise FrameError("upstream_error", f"upstream reported an error: {_error_text(payload)}")
+    choices = payload.get("choices")
+    if not isinstance(choices, list):
+        raise FrameError("malformed_frame", "upstream frame has no 'choices' list")
+    usage = payload.get("usage")
+    completion_tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    if not isinstance(completion_tokens, int):
+        completion_tokens = None
+    if not choices:
+        return Frame(completion_tokens=completion_tokens)
+    choice = choices[0]
+    if not isinstance(choice, dict):
+        raise FrameError("malformed_frame", "upstream frame's choice is not an object")
+    token_ids = choice.get("token_ids")
+    if not isinstance(token_ids, list):
+        # Without token ids there is nothing to repair: the server ignored `detokenize: false`.
+        raise FrameError("missing_token_ids", "upstream frame carries no 'token_ids'")
+    for token in token_ids:
+        if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token <= _MAX_TOKEN_ID:
+            raise FrameError("malformed_frame", f"upstream sent an invalid token id {token!r}")
+    finish_reason = choice.get("finish_reason")
+    if finish_reason is not None and not isinstance(finish_reason, str):
+        raise FrameError("malformed_frame", f"invalid finish_reason {finish_reason!r}")
+    stop_reason = choice.get("stop_reason")
+    if not isinstance(stop_reason, int | str) or isinstance(stop_reason, bool):
+        stop_reason = None
+    return Frame(tuple(token_ids), finish_reason, stop_reason, completion_tokens)
+
+
+def _error_text(payload: dict[str, Any]) -> str:
+    error = payload["error"]
+    if isinstance(error, dict):
+        return str(error.get("message") or error)[:500]
+    return str(error)[:500]
+
+
+def error_message(body: bytes) -> str:
+    """The message of an upstream error body (`{"object": "error", "message": …}` or OpenAI's
+    `{"error": {"message": …}}`), or a short excerpt of whatever it sent."""
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body[:200].decode("utf-8", "replace") or "(empty body)"
+    if isinstance(payload, dict):
+        if isinstance(payload.get("message"), str):
+            return str(payload["message"])[:1000]
+        error = payload.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return str(error["message"])[:1000]
+        if isinstance(error, str):
+            return error[:1000]
+    return body[:200].decode("utf-8", "replace")

@@ -1,0 +1,269 @@
+"""Settings: one frozen object, parsed once, from defaults < config file < env < CLI flags.
+
+Every setting is declared once in `FIELDS` (name, type, default, help). From that table come the
+environment variables (`PROXY_<NAME>`), the CLI flags (`--<name-with-dashes>`), the keys of the
+TOML config file (`config/proxy.example.toml`) and the README's settings table (a test keeps
+them in step). A bad value fails at start with an error naming the setting, where it came from,
+and the value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import fnmatch
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+ENV_PREFIX = "PROXY_"
+CONFIG_ENV = "PROXY_CONFIG"
+
+
+class ConfigError(ValueError):
+    """A setting has a bad value; the message names the setting, its source and the value."""
+
+
+def _url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError("must be an http(s) URL such as http://127.0.0.1:8000")
+    return value.rstrip("/")
+
+
+def _positive_float(value: str) -> float:
+    number = float(value)
+    if not number > 0:
+        raise ValueError("must be a number of seconds above 0")
+    return number
+
+
+def _non_negative_float(value: str) -> float:
+    number = float(value)
+    if not number >= 0:
+        raise ValueError("must be a number of seconds, 0 or more")
+    return number
+
+
+def _non_negative_int(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise ValueError("must be 0 or more")
+    return number
+
+
+def _port(value: str) -> int:
+    number = int(value)
+    if not 0 <= number <= 65535:
+        raise ValueError("must be a port number 0-65535 (0 picks a free port)")
+    return number
+
+
+def _bool(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("must be true or false")
+
+
+def _globs(value: str) -> tuple[str, ...]:
+    globs = tuple(part.strip() for part in value.split(",") if part.strip())
+    if not globs:
+        raise ValueError("must list at least one model name or glob (use * for all)")
+    return globs
+
+
+def _names(value: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in value.split(",") if part.strip())
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def parse(value: str) -> str:
+        if value not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}")
+        return value
+
+    parse.__name__ = "one of " + "|".join(choices)
+    return parse
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    help: str
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+# fmt: off
+FIELDS: tuple[Field, ...] = (
+    Field("upstream_url", _url, None,
+          "trtllm-serve base URL, e.g. http://127.0.0.1:8000; unset: run the built-in simulator",
+          ("--upstream",)),
+    Field("host", str, "0.0.0.0", "address to listen on"),
+    Field("port", _port, 8080, "port to listen on"),
+    Field("metrics_port", _port, None,
+          "serve /metrics on this port as well (unset: only on the main port)"),
+    Field("repair_models", _globs, ("*",),
+          "comma-separated model names or globs whose /v1/responses is repaired; "
+          "others pass through"),
+    Field("connect_timeout", _positive_float, 5.0, "seconds to connect to upstream"),
+    Field("first_token_timeout", _positive_float, 300.0,
+          "seconds from the request to upstream's first token "
+          "(prefill of long prompts under load)"),
+    Field("idle_timeout", _positive_float, 120.0,
+          "seconds allowed between two upstream frames once tokens flow"),
+    Field("keepalive_interval", _positive_float, 15.0,
+          "seconds of silence after which a `: keepalive` SSE comment is sent"),
+    Field("drain_timeout", _positive_float, 30.0,
+          "on SIGTERM, seconds in-flight streams may take to finish before they are failed"),
+    Field("max_body_bytes", _non_negative_int, 16 * 1024 * 1024,
+          "largest request body accepted (413 above it)"),
+    Field("max_concurrent_streams", _non_negative_int, 0,
+          "repaired requests served at once; more get 429 with Retry-After (0: no limit)"),
+    Field("passthrough_when_incapable", _bool, False,
+          "when upstream cannot return token ids, pass /v1/responses through unrepaired "
+          "instead of answering 502"),
+    Field("delta_mode", _choice("coalesce", "per_token"), "coalesce",
+          "coalesce: one delta event per item per upstream frame; per_token: one per token"),
+    Field("metrics_models", _names, (),
+          "model names allowed as metric label values (others are counted as 'other')"),
+    Field("log_level", _choice("debug", "info", "warning", "error"), "info", "log level"),
+    Field("log_format", _choice("json", "text"), "json", "one JSON object per line, or text"),
+    Field("log_content", _bool, False,
+          "debug only: log prompts and outputs (never enable in production)"),
+    Field("simulator_stream_interval", _non_negative_int, 20,
+          "built-in simulator: tokens per engine output after the first (trtllm stream_interval)"),
+    Field("simulator_token_seconds", _non_negative_float, 0.01,
+          "built-in simulator: seconds per generated token"),
+)
+# fmt: on
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The proxy's configuration (see `FIELDS` for meanings and defaults)."""
+
+    upstream_url: str | None = None
+    host: str = "0.0.0.0"
+    port: int = 8080
+    metrics_port: int | None = None
+    repair_models: tuple[str, ...] = ("*",)
+    connect_timeout: float = 5.0
+    first_token_timeout: float = 300.0
+    idle_timeout: float = 120.0
+    keepalive_interval: float = 15.0
+    drain_timeout: float = 30.0
+    max_body_bytes: int = 16 * 1024 * 1024
+    max_concurrent_streams: int = 0
+    passthrough_when_incapable: bool = False
+    delta_mode: str = "coalesce"
+    metrics_models: tuple[str, ...] = ()
+    log_level: str = "info"
+    log_format: str = "json"
+    log_content: bool = False
+    simulator_stream_interval: int = 20
+    simulator_token_seconds: float = 0.01
+
+    def repairs(self, model: str) -> bool:
+        """Whether `/v1/responses` for `model` goes through the repair."""
+        return any(fnmatch.fnmatchcase(model, glob) for glob in self.repair_models)
+
+
+def _parse(field: Field, raw: Any, source: str) -> Any:
+    text = ",".join(map(str, raw)) if isinstance(raw, list) else str(raw)
+    if isinstance(raw, bool):
+        text = "true" if raw else "false"
+    try:
+        return field.parse(text)
+    except ValueError as exc:
+        raise ConfigError(f"{source}={text!r}: {exc}") from None
+
+
+def load_file(path: Path) -> dict[str, Any]:
+    """Read a TOML config file (keys are setting names)."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"config file {str(path)!r}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {str(path)!r}: {exc}") from None
+    known = {field.name for field in FIELDS}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"config file {str(path)!r}: unknown setting(s) {', '.join(unknown)}")
+    return data
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One `--flag` per setting (values parsed later, so errors read the same for every source)."""
+    parser.add_argument("--config", help=f"TOML config file (also {CONFIG_ENV})")
+    for field in FIELDS:
+        parser.add_argument(
+            field.flag, *field.aliases, dest=field.name, default=None, help=field.help
+        )
+
+
+def load_settings(
+    env: Mapping[str, str], args: argparse.Namespace | None = None, *, base: Settings | None = None
+) -> Settings:
+    """Settings from (lowest first) `base` defaults, the config file, `env`, then CLI `args`."""
+    values: dict[str, Any] = {}
+    config_path = getattr(args, "config", None) or env.get(CONFIG_ENV)
+    file_values = load_file(Path(config_path)) if config_path else {}
+    for field in FIELDS:
+        flag_value = getattr(args, field.name, None) if args is not None else None
+        if flag_value is not None:
+            values[field.name] = _parse(field, flag_value, field.flag)
+        elif env.get(field.env) not in (None, ""):
+            values[field.name] = _parse(field, env[field.env], field.env)
+        elif field.name in file_values:
+            values[field.name] = _parse(
+                field, file_values[field.name], f"{config_path}:{field.name}"
+            )
+    return dataclasses.replace(base or Settings(), **values)
+
+
+def settings_table() -> str:
+    """The README's settings table (Markdown), generated from `FIELDS`."""
+    rows = ["| setting | env | flag | default | meaning |", "| --- | --- | --- | --- | --- |"]
+    for field in FIELDS:
+        default = field.default
+        if isinstance(default, tuple):
+            default = ",".join(default) if default else "(none)"
+        elif default is None:
+            default = "(unset)"
+        elif isinstance(default, bool):
+            default = str(default).lower()
+        rows.append(
+            f"| `{field.name}` | `{field.env}` | `{field.flag}` | `{default}` | {field.help} |"
+        )
+    return "\n".join(rows)
+
+
+def check_consistent() -> None:
+    """FIELDS and Settings must declare the same names and defaults (a test calls this)."""
+    declared = {f.name: f.default for f in FIELDS}
+    dataclass_defaults = {f.name: f.default for f in dataclasses.fields(Settings)}
+    if declared != dataclass_defaults:
+        raise AssertionError(f"FIELDS {declared} != Settings {dataclass_defaults}")
+
+
+def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(argv)

@@ -1,0 +1,60 @@
+"""Parsing upstream /v1/completions frames (trtllm-serve.md §2)."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.completions import DONE_FRAME, Frame, FrameError, error_message, parse_frame
+
+
+def test_token_frame() -> None:
+    frame = parse_frame(
+        '{"id":"cmpl-1","choices":[{"index":0,"text":"","token_ids":[1,2,3],'
+        '"finish_reason":null,"stop_reason":null}]}'
+    )
+    assert frame == Frame((1, 2, 3))
+
+
+def test_final_frame_with_stop_reason_and_usage_frame() -> None:
+    frame = parse_frame(
+        '{"choices":[{"text":"","token_ids":[200012],"finish_reason":"stop","stop_reason":200012}]}'
+    )
+    assert (frame.finish_reason, frame.stop_reason) == ("stop", 200012)
+    usage = parse_frame('{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":9}}')
+    assert usage == Frame(completion_tokens=9)
+    assert parse_frame("[DONE]") is DONE_FRAME
+
+
+def test_empty_token_frame_is_fine() -> None:
+    assert parse_frame('{"choices":[{"token_ids":[],"finish_reason":null}]}') == Frame()
+
+
+@pytest.mark.parametrize(
+    ("data", "code"),
+    [
+        ("{not json", "malformed_frame"),
+        ("[1, 2]", "malformed_frame"),
+        ('{"error": {"message": "engine died", "code": 500}}', "upstream_error"),
+        ('{"id": "x"}', "malformed_frame"),
+        ('{"choices": [{"text": "hi", "finish_reason": null}]}', "missing_token_ids"),
+        ('{"choices": [{"token_ids": [1, -2]}]}', "malformed_frame"),
+        ('{"choices": [{"token_ids": [1, "2"]}]}', "malformed_frame"),
+        ('{"choices": [{"token_ids": [true]}]}', "malformed_frame"),
+        ('{"choices": [{"token_ids": [], "finish_reason": 5}]}', "malformed_frame"),
+        ('{"choices": ["x"]}', "malformed_frame"),
+    ],
+)
+def test_bad_frames_raise_a_coded_error(data: str, code: str) -> None:
+    with pytest.raises(FrameError) as info:
+        parse_frame(data)
+    assert info.value.code == code
+    if code == "upstream_error":
+        assert "engine died" in info.value.message
+
+
+def test_error_message_of_upstream_bodies() -> None:
+    assert error_message(b'{"object":"error","message":"bad prompt","code":400}') == "bad prompt"
+    assert error_message(b'{"error":{"message":"slow down"}}') == "slow down"
+    assert error_message(b'{"error":"boom"}') == "boom"
+    assert error_message(b"<html>502</html>") == "<html>502</html>"
+    assert error_message(b"") == "(empty body)"

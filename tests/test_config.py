@@ -1,0 +1,97 @@
+"""Settings: precedence, errors naming the setting and value, and the docs kept in step."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from proxy.config import (
+    FIELDS,
+    ConfigError,
+    Settings,
+    check_consistent,
+    load_settings,
+    parse_flags,
+    settings_table,
+)
+
+ROOT = Path(__file__).parent.parent
+
+
+def test_defaults() -> None:
+    settings = load_settings({})
+    assert settings == Settings()
+    assert settings.upstream_url is None
+    assert settings.port == 8080
+    assert settings.repairs("anything")
+
+
+def test_precedence_file_then_env_then_flags(tmp_path: Path) -> None:
+    config = tmp_path / "proxy.toml"
+    config.write_text('port = 9000\nrepair_models = ["openai/gpt-oss-*"]\nidle_timeout = 7\n')
+    env = {"PROXY_CONFIG": str(config), "PROXY_PORT": "9100"}
+    settings = load_settings(env, parse_flags(["--idle-timeout", "3.5"]))
+    assert settings.port == 9100  # env beats the file
+    assert settings.idle_timeout == 3.5  # flag beats both
+    assert settings.repair_models == ("openai/gpt-oss-*",)
+    assert settings.repairs("openai/gpt-oss-120b")
+    assert not settings.repairs("llama-3")
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"PROXY_PORT": "http"}, "PROXY_PORT='http'"),
+        ({"PROXY_PORT": "70000"}, "PROXY_PORT='70000': must be a port"),
+        ({"PROXY_UPSTREAM_URL": "localhost:8000"}, "PROXY_UPSTREAM_URL='localhost:8000'"),
+        ({"PROXY_IDLE_TIMEOUT": "0"}, "PROXY_IDLE_TIMEOUT='0': must be a number"),
+        ({"PROXY_LOG_FORMAT": "xml"}, "PROXY_LOG_FORMAT='xml': must be one of json, text"),
+        ({"PROXY_PASSTHROUGH_WHEN_INCAPABLE": "maybe"}, "must be true or false"),
+        ({"PROXY_REPAIR_MODELS": " , "}, "PROXY_REPAIR_MODELS"),
+        ({"PROXY_CONFIG": "/nonexistent/proxy.toml"}, "config file '/nonexistent/proxy.toml'"),
+    ],
+)
+def test_bad_values_name_the_setting_and_value(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_settings(env)
+
+
+def test_bad_flag_and_unknown_file_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=re.escape("--max-body-bytes='-1': must be 0 or more")):
+        load_settings({}, parse_flags(["--max-body-bytes", "-1"]))
+    config = tmp_path / "bad.toml"
+    config.write_text("prot = 1\n")
+    with pytest.raises(ConfigError, match="unknown setting"):
+        load_settings({"PROXY_CONFIG": str(config)})
+
+
+def test_fields_match_settings() -> None:
+    check_consistent()
+
+
+def test_readme_table_and_example_config_list_every_setting() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert settings_table() in readme, "README settings table is stale: paste settings_table()"
+    example = (ROOT / "config" / "proxy.example.toml").read_text()
+    for field in FIELDS:
+        assert re.search(rf"^# ?{field.name} = ", example, re.M), f"{field.name} not in example"
+    assert (
+        load_settings({"PROXY_CONFIG": str(ROOT / "config" / "proxy.example.toml")}) == Settings()
+    )
+
+
+def test_example_config_uncommented_is_valid(tmp_path: Path) -> None:
+    example = (ROOT / "config" / "proxy.example.toml").read_text()
+    uncommented = re.sub(r"^# ?([a-z_]+ = )", r"\1", example, flags=re.M)
+    config = tmp_path / "proxy.toml"
+    config.write_text(uncommented)
+    settings = load_settings({"PROXY_CONFIG": str(config)})
+    assert settings.upstream_url == "http://127.0.0.1:8000"
+    assert settings.metrics_port == 9090
+
+
+def test_upstream_alias_flag() -> None:
+    settings = load_settings({}, parse_flags(["--upstream", "http://10.0.0.2:8000/"]))
+    assert settings.upstream_url == "http://10.0.0.2:8000"
