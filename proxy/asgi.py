@@ -1,0 +1,167 @@
+"""Small ASGI building blocks: bounded body reads, JSON answers, disconnect watching, headers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Iterable
+from typing import Any
+
+import orjson
+from starlette.types import Receive, Scope, Send
+
+from proxy.errors import ClientError, ProxyError
+
+REQUEST_ID = "x-request-id"
+_SAFE_ID = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+def header_pairs(scope: Scope) -> list[tuple[str, str]]:
+    return [(name.decode("latin-1"), value.decode("latin-1")) for name, value in scope["headers"]]
+
+
+def request_id(scope: Scope) -> str:
+    """The client's `X-Request-Id` when it is a sane token, else a new one (never echo junk)."""
+    for name, value in scope["headers"]:
+        if name == b"x-request-id":
+            candidate: str = value.decode("latin-1")
+            if _SAFE_ID.match(candidate):
+                return candidate
+    return uuid.uuid4().hex
+
+
+async def read_body(receive: Receive, limit: int) -> bytes:
+    """The whole request body, or ClientError 413 as soon as it exceeds `limit` bytes."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected("client went away while sending the request")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if limit and size > limit:
+            raise ClientError(
+                f"request body exceeds the limit of {limit} bytes",
+                status=413,
+                code="request_too_large",
+            )
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+class ClientDisconnected(Exception):
+    """The client closed the connection; nothing can be sent any more."""
+
+
+async def send_json(
+    send: Send,
+    status: int,
+    body: Any,
+    headers: Iterable[tuple[bytes, bytes]] = (),
+) -> None:
+    payload = orjson.dumps(body)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": payload})
+
+
+async def send_error(
+    send: Send, error: ProxyError, headers: Iterable[tuple[bytes, bytes]] = ()
+) -> None:
+    await send_json(send, error.status, error.to_body(), headers)
+
+
+class Inbound:
+    """The request side of one ASGI connection, read by one reader at a time: first the body
+    (streamed or whole), then the wait for `http.disconnect` (two concurrent `receive()` calls
+    would steal each other's messages)."""
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self.body_done = asyncio.Event()
+        self.disconnected = asyncio.Event()
+
+    async def body(self, limit: int) -> bytes:
+        """The whole body (413 above `limit`)."""
+        try:
+            return await read_body(self._receive, limit)
+        except ClientDisconnected:
+            self.disconnected.set()
+            raise
+        finally:
+            self.body_done.set()
+
+    async def stream_body(self, limit: int) -> AsyncIterator[bytes]:
+        """The body as it arrives; raises ClientError 413 past `limit`, ClientDisconnected."""
+        size = 0
+        try:
+            while True:
+                message = await self._receive()
+                if message["type"] == "http.disconnect":
+                    self.disconnected.set()
+                    raise ClientDisconnected("client went away while sending the request")
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if limit and size > limit:
+                    raise ClientError(
+                        f"request body exceeds the limit of {limit} bytes",
+                        status=413,
+                        code="request_too_large",
+                    )
+                if chunk:
+                    yield chunk
+                if not message.get("more_body", False):
+                    return
+        finally:
+            self.body_done.set()
+
+    async def wait_disconnect(self) -> None:
+        body = asyncio.ensure_future(self.body_done.wait())
+        gone = asyncio.ensure_future(self.disconnected.wait())
+        try:
+            await asyncio.wait({body, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            body.cancel()
+            gone.cancel()
+        while not self.disconnected.is_set():
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                self.disconnected.set()
+
+
+async def run_until_disconnect(inbound: Inbound, work: Awaitable[None]) -> bool:
+    """Run `work`; if the client disconnects first, cancel it (closing what it holds, e.g. the
+    upstream request, at once) and return True."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(inbound.wait_disconnect())
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+        watcher.cancel()
+    if task in done:
+        task.result()  # re-raise our own errors
+        return False
+    # The work was cancelled; what it raised on the way out is of no interest to anyone.
+    with contextlib.suppress(asyncio.CancelledError, OSError, ClientDisconnected):
+        await task
+    return True

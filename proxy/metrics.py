@@ -1,0 +1,197 @@
+"""Prometheus metrics on an injected registry: the adapter that reads what the core recorded.
+
+Label values come only from small fixed sets (routes, outcomes, channels, event types the core
+emits, error kinds); models only from the configured `metrics_models` list, others are `other`.
+Never ids, text or client-supplied strings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from proxy import __version__
+from proxy.harmony.record import RepairRecord
+
+OUTCOMES = (
+    "completed",
+    "incomplete",
+    "failed",
+    "client_error",
+    "upstream_error",
+    "client_disconnect",
+    "rejected",
+)
+
+_FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+_TTFT = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+_OVERHEAD = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.1)
+_DURATION = (0.01, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400)
+_TOKENS_PER_FRAME = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64, 128, 256)
+
+
+class Metrics:
+    """Every `proxy_…` metric; one instance per app, on the registry it is given."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        *,
+        models: Iterable[str] = (),
+        harmony_version: str = "",
+    ) -> None:
+        self.registry = registry
+        self._models = frozenset(models)
+        r = registry
+        self.requests = Counter(
+            "proxy_requests",
+            "Repaired /v1/responses requests by outcome",
+            ["route", "stream", "outcome", "model"],
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "proxy_streams_in_flight", "Repaired requests being served now", registry=r
+        )
+        self.first_event = Histogram(
+            "proxy_time_to_first_event_seconds",
+            "Request received to response.created written",
+            buckets=_FAST,
+            registry=r,
+        )
+        self.first_content = Histogram(
+            "proxy_time_to_first_content_seconds",
+            "Request received to the first content delta written",
+            buckets=_TTFT,
+            registry=r,
+        )
+        self.frame_overhead = Histogram(
+            "proxy_frame_overhead_seconds",
+            "Upstream frame received to its events written (the proxy's own cost)",
+            buckets=_OVERHEAD,
+            registry=r,
+        )
+        self.duration = Histogram(
+            "proxy_stream_duration_seconds",
+            "Request received to the terminal event",
+            buckets=_DURATION,
+            registry=r,
+        )
+        self.tokens = Counter(
+            "proxy_tokens", "Generated tokens by channel", ["channel"], registry=r
+        )
+        self.tokens_per_frame = Histogram(
+            "proxy_tokens_per_frame",
+            "Tokens per upstream frame (stream_interval and speculative decoding at work)",
+            buckets=_TOKENS_PER_FRAME,
+            registry=r,
+        )
+        self.recovered_events = Counter(
+            "proxy_recovered_events",
+            "Events the unpatched stream would not have carried (one delta per token)",
+            ["type"],
+            registry=r,
+        )
+        self.recovered_chars = Counter(
+            "proxy_recovered_chars",
+            "Text characters the unpatched stream would have lost",
+            ["channel"],
+            registry=r,
+        )
+        self.recovered_tokens = Counter(
+            "proxy_recovered_tokens",
+            "Content tokens the unpatched stream would have lost",
+            ["channel"],
+            registry=r,
+        )
+        self.unpatched_text_differs = Counter(
+            "proxy_unpatched_text_differs",
+            "Streams whose unpatched text would have differed from the final snapshot",
+            registry=r,
+        )
+        self.items_unannounced = Counter(
+            "proxy_items_unannounced",
+            "Items the unpatched stream would never have announced",
+            registry=r,
+        )
+        self.items_unclosed = Counter(
+            "proxy_items_unclosed",
+            "Items the unpatched stream would never have closed",
+            registry=r,
+        )
+        self.repaired_streams = Counter(
+            "proxy_repaired_streams",
+            "Streams where the repair changed what the client saw",
+            registry=r,
+        )
+        self.compared_streams = Counter(
+            "proxy_compared_streams",
+            "Streams compared with the model of the unpatched upstream",
+            registry=r,
+        )
+        self.selfcheck_failures = Counter(
+            "proxy_selfcheck_failures",
+            "Streams whose deltas did not concatenate to the terminal snapshot (must stay 0)",
+            registry=r,
+        )
+        self.malformed = Counter(
+            "proxy_malformed_outputs",
+            "Malformed model output handled, by kind",
+            ["kind"],
+            registry=r,
+        )
+        self.upstream_errors = Counter(
+            "proxy_upstream_errors", "Upstream failures by kind", ["kind"], registry=r
+        )
+        self.timeouts = Counter("proxy_timeouts", "Upstream timeouts by kind", ["kind"], registry=r)
+        self.disconnects = Counter(
+            "proxy_client_disconnects",
+            "Clients gone before the end, by phase",
+            ["phase"],
+            registry=r,
+        )
+        self.passthrough = Counter(
+            "proxy_passthrough_requests",
+            "Requests passed through untouched, by status class",
+            ["status_class"],
+            registry=r,
+        )
+        self.upstream_capable = Gauge(
+            "proxy_upstream_capable",
+            "1 when upstream's /v1/completions returns token ids (startup probe)",
+            registry=r,
+        )
+        self.ready = Gauge("proxy_ready", "1 when /readyz answers 200", registry=r)
+        self.draining = Gauge("proxy_draining", "1 after SIGTERM", registry=r)
+        build = Gauge("proxy_build_info", "Build information", ["version", "harmony"], registry=r)
+        build.labels(__version__, harmony_version).set(1)
+        for outcome in OUTCOMES:  # export zeros, so rates and ratios exist from the start
+            self.requests.labels("responses", "true", outcome, "other")
+        self.selfcheck_failures.inc(0)
+        self.unpatched_text_differs.inc(0)  # fmt: skip
+
+    def model_label(self, model: str) -> str:
+        return model if model in self._models else "other"
+
+    def observe_record(self, record: RepairRecord) -> None:
+        """Count what the core recorded for one finished response."""
+        for channel, count in record.tokens.items():
+            self.tokens.labels(channel).inc(count)
+        for kind, count in record.malformed.items():
+            self.malformed.labels(kind).inc(count)
+        if not record.compared:
+            return
+        self.compared_streams.inc()
+        for event_type, count in record.recovered_events.items():
+            if count:
+                self.recovered_events.labels(event_type).inc(count)
+        for channel, count in record.recovered_chars.items():
+            self.recovered_chars.labels(channel).inc(count)
+        for channel, count in record.recovered_tokens.items():
+            self.recovered_tokens.labels(channel).inc(count)
+        if record.unpatched_text_differs:
+            self.unpatched_text_differs.inc()
+        self.items_unannounced.inc(record.items_unannounced)
+        self.items_unclosed.inc(record.items_unclosed)
+        if record.repaired:
+            self.repaired_streams.inc()

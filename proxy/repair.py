@@ -1,0 +1,381 @@
+"""The repaired `/v1/responses`: render, stream upstream token ids through the core, write events.
+
+One `Exchange` per request. Its life:
+
+    read body ─▶ prepare (render + validate) ─▶ open upstream /v1/completions ─┬─▶ HTTP error
+                   │ 4xx                           │ 4xx/502/504 before a byte   │
+                   ▼                               ▼                             ▼
+                JSON error                      JSON error              pump frames → core →
+                                                                        events → one send per
+                                                                        frame, until exactly one
+                                                                        terminal event
+
+`response.created`/`in_progress` go out as soon as upstream accepted the request, before its
+first token. After that every failure — upstream cut, `{"error": …}` frame, malformed frame,
+first-token or idle timeout, `[DONE]` without a finish, shutdown — ends the stream with the
+core's `error` + `response.failed`. A client that goes away cancels the exchange, whose
+`async with` closes the upstream request at once (trtllm-serve then aborts generation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from openai_harmony import HarmonyEncoding
+from starlette.types import Scope, Send
+
+from proxy import asgi, sse
+from proxy.completions import Frame, FrameError
+from proxy.config import Settings
+from proxy.errors import ClientError, ProxyError, UpstreamError
+from proxy.harmony.request import PreparedRequest, prepare_request
+from proxy.harmony.response import IdFactory, ResponseContext
+from proxy.harmony.stream import ResponseStream
+from proxy.metrics import Metrics
+from proxy.selfcheck import SelfCheck
+from proxy.upstream import Capability, Upstream
+
+_UNKNOWN = Capability(False, False, "upstream not probed yet")
+
+
+@dataclass
+class ServerState:
+    """Mutable state shared by all requests of one app (owned by the app, injected here)."""
+
+    capability: Capability = _UNKNOWN
+    in_flight: int = 0
+    draining: bool = False
+    #: Set when the drain period is over: open streams end with `response.failed`.
+    force_end: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass(frozen=True)
+class RepairDeps:
+    """Everything an exchange needs, injected by the app factory (house-style principle 5)."""
+
+    settings: Settings
+    encoding: HarmonyEncoding
+    upstream: Upstream
+    metrics: Metrics
+    state: ServerState
+    log: Callable[..., None]
+    ids: IdFactory
+    clock: Callable[[], float] = time.time
+    monotonic: Callable[[], float] = time.monotonic
+
+
+class _End(Exception):
+    """The stream ended abnormally after it started; carries the core's closing events."""
+
+    def __init__(self, events: list[dict[str, Any]]) -> None:
+        self.events = events
+
+
+@dataclass
+class Exchange:
+    """One repaired request/response (see the module docstring)."""
+
+    deps: RepairDeps
+    prepared: PreparedRequest
+    request_id: str
+    started: float
+    headers: list[tuple[str, str]]
+    core: ResponseStream = field(init=False)
+    selfcheck: SelfCheck = field(default_factory=SelfCheck)
+    phase: str = "before_upstream"
+    status: int = 200
+    error_code: str | None = None
+    first_content: float | None = None
+    snapshot: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        deps, prepared = self.deps, self.prepared
+        ctx = ResponseContext(
+            response_id=deps.ids("resp"),
+            created_at=float(int(deps.clock())),
+            model=prepared.model,
+            echo=prepared.echo,
+            input_tokens=len(prepared.prompt_token_ids),
+            namespaces=prepared.namespaces,
+            coalesce_deltas=deps.settings.delta_mode == "coalesce",
+        )
+        self.core = ResponseStream(deps.encoding, ctx, deps.ids)
+
+    # -- the two answers: an event stream, or one JSON object --------------------------------
+
+    async def stream(self, send: Send) -> None:
+        headers = [*asgi.SSE_HEADERS, (b"x-request-id", self.request_id.encode())]
+        async with self._upstream() as frames:
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            self.phase = "before_first_token"
+            await self._write(send, self.core.start())
+            self.deps.metrics.first_event.observe(self.deps.monotonic() - self.started)
+            try:
+                async for events in self._pump(frames, keepalive=True):
+                    if events:
+                        await self._write(send, events)
+                    else:
+                        await send(
+                            {"type": "http.response.body", "body": sse.KEEPALIVE, "more_body": True}
+                        )
+            except _End as end:
+                await self._write(send, end.events)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def answer(self, send: Send) -> None:
+        """`stream: false`: the same path, answered with the terminal snapshot as JSON."""
+        async with self._upstream() as frames:
+            self.phase = "before_first_token"
+            self.selfcheck.observe(self.core.start())
+            try:
+                async for events in self._pump(frames, keepalive=False):
+                    self.selfcheck.observe(events)
+                    self._note(events)
+            except _End as end:
+                self.selfcheck.observe(end.events)
+                self._note(end.events)
+                message = end.events[-2]["message"]
+                status = 504 if self.error_code == "upstream_timeout" else 502
+                raise UpstreamError(message, status=status, code=self.error_code) from None
+        assert self.snapshot is not None
+        await asgi.send_json(
+            send, 200, self.snapshot, [(b"x-request-id", self.request_id.encode())]
+        )
+
+    # -- the pump ---------------------------------------------------------------------------
+
+    def _upstream(self) -> Any:
+        return self.deps.upstream.completion_stream(
+            self.prepared.completion_body,
+            [*self.headers, (asgi.REQUEST_ID, self.request_id)],
+            timeout=self.deps.settings.first_token_timeout,
+        )
+
+    async def _pump(
+        self, frames: AsyncIterator[Frame], *, keepalive: bool
+    ) -> AsyncIterator[list[dict[str, Any]]]:
+        """Yield the events of each upstream frame ([] = time for a keepalive) until the core
+        ended; raise `_End` with the failure events when the stream breaks."""
+        deps, settings, core = self.deps, self.deps.settings, self.core
+        iterator = frames.__aiter__()
+        pending: asyncio.Future[Frame] | None = None
+        force_end = asyncio.ensure_future(deps.state.force_end.wait())
+        deadline = self.started + settings.first_token_timeout
+        timeout_kind = "first_token"
+        try:
+            while not core.ended:
+                if pending is None:
+                    pending = asyncio.ensure_future(iterator.__anext__())
+                now = deps.monotonic()
+                wait = max(0.0, deadline - now)
+                if keepalive:
+                    wait = min(wait, settings.keepalive_interval)
+                waiting: set[asyncio.Future[Any]] = {pending, force_end}
+                done, _ = await asyncio.wait(
+                    waiting, timeout=wait, return_when=asyncio.FIRST_COMPLETED
+                )
+                if force_end in done:
+                    self._fail("server_shutting_down", "the proxy is shutting down")
+                if pending not in done:
+                    if deps.monotonic() >= deadline:
+                        deps.metrics.timeouts.labels(timeout_kind).inc()
+                        limit = (
+                            settings.first_token_timeout
+                            if timeout_kind == "first_token"
+                            else settings.idle_timeout
+                        )
+                        what = "first token" if timeout_kind == "first_token" else "next frame"
+                        self._fail(
+                            "upstream_timeout", f"upstream sent no {what} within {limit:g} s"
+                        )
+                    yield []
+                    continue
+                try:
+                    frame = pending.result()
+                except StopAsyncIteration:
+                    self._fail(
+                        "upstream_incomplete",
+                        "upstream closed the stream before the end of generation",
+                    )
+                except FrameError as exc:
+                    self._fail(exc.code, exc.message)
+                pending = None
+                arrived = deps.monotonic()
+                if frame.done:
+                    self._fail(
+                        "upstream_incomplete", "upstream sent [DONE] before the end of generation"
+                    )
+                events: list[dict[str, Any]] = []
+                if frame.token_ids or frame.finish_reason is None:
+                    deps.metrics.tokens_per_frame.observe(len(frame.token_ids))
+                    events = core.feed(frame.token_ids)
+                    if frame.token_ids:
+                        self.phase = "streaming"
+                        timeout_kind = "idle"
+                if frame.finish_reason is not None:
+                    events += core.finish(frame.finish_reason, frame.stop_reason)
+                deadline = arrived + settings.idle_timeout
+                if events:
+                    yield events
+                    deps.metrics.frame_overhead.observe(deps.monotonic() - arrived)
+        finally:
+            force_end.cancel()
+            if pending is not None:
+                pending.cancel()
+
+    def _fail(self, code: str, message: str) -> None:
+        self.error_code = code
+        kind = "timeout" if code == "upstream_timeout" else code
+        self.deps.metrics.upstream_errors.labels(kind).inc()
+        raise _End(self.core.fail(code, message))
+
+    async def _write(self, send: Send, events: list[dict[str, Any]]) -> None:
+        self.selfcheck.observe(events)
+        self._note(events)
+        await send(
+            {"type": "http.response.body", "body": sse.encode_all(events), "more_body": True}
+        )
+
+    def _note(self, events: list[dict[str, Any]]) -> None:
+        if self.first_content is None and any(e["type"].endswith(".delta") for e in events):
+            self.first_content = self.deps.monotonic()
+            self.deps.metrics.first_content.observe(self.first_content - self.started)
+        last = events[-1] if events else None
+        if last is not None and last["type"] in _TERMINAL:
+            self.snapshot = last["response"]
+
+
+_TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+
+async def serve_repaired(
+    deps: RepairDeps,
+    scope: Scope,
+    inbound: asgi.Inbound,
+    send: Send,
+    body: dict[str, Any],
+    request_id: str,
+    started: float,
+) -> None:
+    """Serve a parsed `/v1/responses` body whose model is in the repair set."""
+    metrics, state, settings = deps.metrics, deps.state, deps.settings
+    stream = body.get("stream") is True
+    stream_label = "true" if stream else "false"
+    model = str(body.get("model"))
+    id_header = [(b"x-request-id", request_id.encode())]
+    exchange: Exchange | None = None
+    outcome = "client_error"
+    try:
+        prepared = prepare_request(body, deps.encoding)
+        if not state.capability.token_ids:
+            raise UpstreamError(
+                f"cannot repair: {state.capability.detail}",
+                status=503 if not state.capability.reachable else 502,
+                code="upstream_not_capable",
+            )
+        if settings.max_concurrent_streams and state.in_flight >= settings.max_concurrent_streams:
+            outcome = "rejected"
+            raise ClientError(
+                f"the proxy is serving its limit of {settings.max_concurrent_streams} streams; "
+                "retry shortly",
+                status=429,
+                code="too_many_streams",
+            )
+        exchange = Exchange(deps, prepared, request_id, started, asgi.header_pairs(scope))
+    except ProxyError as error:
+        if isinstance(error, UpstreamError):
+            outcome = "upstream_error"
+        extra = [(b"retry-after", b"1")] if error.status == 429 else []
+        await asgi.send_error(send, error, [*id_header, *extra])
+        metrics.requests.labels(
+            "responses", stream_label, outcome, metrics.model_label(model)
+        ).inc()
+        deps.log(
+            "request",
+            request_id=request_id,
+            route="/v1/responses",
+            model=model,
+            status=error.status,
+            outcome=outcome,
+            error=error.code or error.error_type,
+            duration_ms=_ms(deps, started),
+        )
+        return
+
+    state.in_flight += 1
+    metrics.in_flight.inc()
+    disconnected = False
+    try:
+        try:
+            work = exchange.stream(send) if stream else exchange.answer(send)
+            disconnected = await asgi.run_until_disconnect(inbound, work)
+        except ProxyError as error:  # before the first byte: an HTTP error
+            exchange.status = error.status
+            exchange.error_code = error.code
+            outcome = "client_error" if isinstance(error, ClientError) else "upstream_error"
+            if error.code:
+                kind = "timeout" if error.code == "upstream_timeout" else error.code
+                if isinstance(error, UpstreamError):
+                    metrics.upstream_errors.labels(kind).inc()
+                    if kind == "timeout":
+                        metrics.timeouts.labels("first_byte").inc()
+            await asgi.send_error(send, error, id_header)
+        except OSError:  # the client's socket died mid-send
+            disconnected = True
+        else:
+            status = exchange.core.record().status
+            outcome = status if status in ("completed", "incomplete", "failed") else "failed"
+        if disconnected:
+            outcome = "client_disconnect"
+            metrics.disconnects.labels(exchange.phase).inc()
+    finally:
+        state.in_flight -= 1
+        metrics.in_flight.dec()
+    _finish(deps, exchange, outcome, stream_label, model, started)
+
+
+def _finish(
+    deps: RepairDeps,
+    exchange: Exchange,
+    outcome: str,
+    stream_label: str,
+    model: str,
+    started: float,
+) -> None:
+    metrics = deps.metrics
+    record = exchange.core.record()
+    metrics.requests.labels("responses", stream_label, outcome, metrics.model_label(model)).inc()
+    metrics.duration.observe(deps.monotonic() - started)
+    metrics.observe_record(record)
+    if exchange.selfcheck.problem is not None and exchange.core.ended:
+        metrics.selfcheck_failures.inc()
+    deps.log(
+        "request",
+        request_id=exchange.request_id,
+        route="/v1/responses",
+        model=model,
+        stream=stream_label == "true",
+        status=exchange.status,
+        outcome=outcome,
+        error=exchange.error_code,
+        output_tokens=record.output_tokens,
+        reasoning_tokens=record.reasoning_tokens,
+        frames=record.frames,
+        duration_ms=_ms(deps, started),
+        ttft_ms=None
+        if exchange.first_content is None
+        else round((exchange.first_content - started) * 1000, 2),
+        repaired=record.repaired,
+        recovered_chars=sum(record.recovered_chars.values()),
+        items_unannounced=record.items_unannounced,
+        malformed=dict(record.malformed) or None,
+        selfcheck=exchange.selfcheck.problem,
+    )
+
+
+def _ms(deps: RepairDeps, started: float) -> float:
+    return round((deps.monotonic() - started) * 1000, 2)

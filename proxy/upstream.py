@@ -1,0 +1,237 @@
+"""The one HTTP client to trtllm-serve: token-id completion streams, the capability probe, and
+requests passed through untouched.
+
+Errors before the first byte become `UpstreamError`/`ClientError` (an HTTP error for our client);
+errors once frames flow become `FrameError` (the shell turns them into `response.failed`).
+Every upstream response is closed by its owner's `async with`, also when our client goes away,
+so trtllm-serve stops generating (it aborts a request whose connection closed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+
+from proxy.completions import Frame, FrameError, error_message, parse_frame
+from proxy.errors import ClientError, UpstreamError
+from proxy.sse import SSEDecoder
+
+#: Hop-by-hop headers (RFC 9110 §7.6.1) and those httpx sets itself: never forwarded.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+    }
+)
+#: Headers of the client's request that do not describe the body we send upstream.
+_REPLACED = ("content-type", "content-length", "content-encoding", "accept", "accept-encoding")
+#: A frame larger than this is not a trtllm frame: fail instead of buffering without bound.
+MAX_FRAME_BYTES = 8 * 1024 * 1024
+_ERROR_BODY_LIMIT = 64 * 1024
+
+
+def end_to_end(
+    headers: Iterable[tuple[str, str]], *, drop: Iterable[str] = ()
+) -> list[tuple[str, str]]:
+    """The headers a proxy may forward: hop-by-hop ones and those named in `Connection` removed."""
+    pairs = list(headers)
+    named = {
+        token.strip().lower()
+        for name, value in pairs
+        if name.lower() == "connection"
+        for token in value.split(",")
+    }
+    excluded = HOP_BY_HOP | named | {name.lower() for name in drop}
+    return [(name, value) for name, value in pairs if name.lower() not in excluded]
+
+
+@dataclass(frozen=True, slots=True)
+class Capability:
+    """What the startup probe found: can upstream's /v1/completions return token ids?"""
+
+    reachable: bool
+    token_ids: bool
+    detail: str
+    model: str | None = None
+
+
+class Upstream:
+    """trtllm-serve at `base_url`; the transport is injectable (tests, the in-process simulator)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        connect_timeout: float,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url
+        self._client = httpx.AsyncClient(
+            base_url=base_url,
+            transport=transport,
+            # Reads are timed by the caller (first token, idle between frames): no total timeout.
+            timeout=httpx.Timeout(connect=connect_timeout, read=None, write=60.0, pool=None),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+            follow_redirects=False,
+        )
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    @asynccontextmanager
+    async def completion_stream(
+        self, body: Mapping[str, Any], headers: Iterable[tuple[str, str]], *, timeout: float
+    ) -> AsyncIterator[AsyncIterator[Frame]]:
+        """POST /v1/completions (streaming) and yield its frames.
+
+        Raises `ClientError` (upstream's 4xx, passed on), `UpstreamError` (unreachable: 502,
+        no answer within `timeout`: 504, 5xx or not an event stream: 502) before the first frame.
+        """
+        request = self._client.build_request(
+            "POST",
+            "/v1/completions",
+            content=orjson.dumps(body),
+            headers=[*end_to_end(headers, drop=_REPLACED),
+                     ("content-type", "application/json"), ("accept", "text/event-stream")],
+        )  # fmt: skip
+        response = await self._send(request, timeout)
+        try:
+            await _check_status(response)
+            content_type = response.headers.get("content-type", "")
+            if not content_type.startswith("text/event-stream"):
+                raise UpstreamError(
+                    f"upstream answered /v1/completions with {content_type or 'no content type'}, "
+                    "not an event stream",
+                    code="upstream_bad_response",
+                )
+            yield _frames(response)
+        finally:
+            await response.aclose()
+
+    async def _send(self, request: httpx.Request, timeout: float) -> httpx.Response:
+        try:
+            return await asyncio.wait_for(self._client.send(request, stream=True), timeout)
+        except TimeoutError:
+            raise UpstreamError(
+                f"upstream did not answer within {timeout:g} s",
+                status=504,
+                code="upstream_timeout",
+            ) from None
+        except httpx.TimeoutException as exc:
+            raise UpstreamError(
+                f"could not connect to upstream {self.base_url} in time ({type(exc).__name__})",
+                status=504,
+                code="upstream_timeout",
+            ) from exc
+        except httpx.TransportError as exc:
+            raise UpstreamError(
+                f"cannot reach upstream {self.base_url}: {type(exc).__name__}",
+                code="upstream_unreachable",
+            ) from exc
+
+    async def get_health(self) -> int:
+        """Upstream's `GET /health` status (200 while its engine is up)."""
+        answer = await self._client.get("/health", timeout=2.0)
+        return answer.status_code
+
+    async def probe(self, model: str | None = None) -> Capability:
+        """Ask upstream for one token with `detokenize: false`: does it give token ids?"""
+        try:
+            if model is None:
+                models = await self._client.get("/v1/models", timeout=10.0)
+                data = models.json().get("data") or [{}]
+                model = str(data[0].get("id") or "") or None
+            body = {
+                "model": model,
+                "prompt": [200006, 1428, 200008, 13225, 200007, 200006, 173781],
+                "max_tokens": 1,
+                "detokenize": False,
+                "stream": False,
+            }
+            answer = await self._client.post("/v1/completions", json=body, timeout=30.0)
+        except (httpx.HTTPError, ValueError, AttributeError, IndexError) as exc:
+            return Capability(False, False, f"upstream not reachable: {type(exc).__name__}", model)
+        if answer.status_code != 200:
+            detail = (
+                f"/v1/completions answered {answer.status_code}: {error_message(answer.content)}"
+            )
+            return Capability(True, False, detail, model)
+        try:
+            choice = answer.json()["choices"][0]
+        except (ValueError, KeyError, IndexError, TypeError):
+            return Capability(True, False, "/v1/completions answered no choices", model)
+        if not isinstance(choice.get("token_ids"), list):
+            detail = (
+                "/v1/completions returned no token_ids for detokenize=false: this trtllm-serve "
+                "is too old to repair; upgrade it, or set passthrough_when_incapable"
+            )
+            return Capability(True, False, detail, model)
+        return Capability(True, True, "token ids available", model)
+
+    @asynccontextmanager
+    async def forward(
+        self,
+        method: str,
+        target: str,
+        headers: Iterable[tuple[str, str]],
+        body: AsyncIterator[bytes] | bytes,
+        *,
+        timeout: float,
+    ) -> AsyncIterator[httpx.Response]:
+        """Send a request through unchanged (pass-through) and yield upstream's streamed answer."""
+        request = self._client.build_request(
+            method, target, headers=end_to_end(headers), content=body
+        )
+        response = await self._send(request, timeout)
+        try:
+            yield response
+        finally:
+            await response.aclose()
+
+
+async def _check_status(response: httpx.Response) -> None:
+    if response.status_code == 200:
+        return
+    raw = b""
+    async for chunk in response.aiter_bytes():
+        raw += chunk
+        if len(raw) > _ERROR_BODY_LIMIT:
+            break
+    message = error_message(raw)
+    status = response.status_code
+    if 400 <= status < 500:
+        # Upstream judged the request: pass its status and words on (issue 5).
+        raise ClientError(
+            f"upstream rejected the request: {message}", status=status, code="upstream_rejected"
+        )
+    raise UpstreamError(f"upstream failed with HTTP {status}: {message}", code="upstream_error")
+
+
+async def _frames(response: httpx.Response) -> AsyncIterator[Frame]:
+    decoder = SSEDecoder()
+    try:
+        async for chunk in response.aiter_bytes():
+            for message in decoder.feed(chunk):
+                yield parse_frame(message.data)
+            if decoder.pending_bytes > MAX_FRAME_BYTES:
+                raise FrameError("malformed_frame", "upstream frame exceeds 8 MiB")
+    except httpx.TransportError as exc:
+        raise FrameError(
+            "upstream_disconnected", f"upstream connection broke mid-stream ({type(exc).__name__})"
+        ) from exc
+    for message in decoder.flush():
+        yield parse_frame(message.data)
