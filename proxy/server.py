@@ -1,0 +1,128 @@
+"""Running the proxy: uvicorn with draining on SIGTERM, the optional metrics port, and the
+built-in simulator as upstream when none is configured.
+
+Draining (issue 5): the first SIGTERM/SIGINT marks the proxy as draining (`/healthz` and
+`/readyz` answer 503, `proxy_draining` 1) and lets uvicorn stop accepting connections while
+in-flight requests go on. After `drain_timeout` seconds, streams still open are ended by the
+core with `error` + `response.failed` (never cut without a terminal event). A second signal
+exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+from types import FrameType
+
+import uvicorn
+from openai_harmony import HarmonyEncoding
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from proxy.app import create_app
+from proxy.config import Settings
+from proxy.repair import ServerState
+
+#: Extra seconds uvicorn waits after the drain period for streams to write their last events.
+_DRAIN_GRACE = 5.0
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn.Server whose first exit signal starts a drain instead of a hard stop."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState, drain_timeout: float) -> None:
+        super().__init__(config)
+        self._state = state
+        self._drain_timeout = drain_timeout
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets: list[object] | None = None) -> None:  # type: ignore[override]
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)  # type: ignore[arg-type]
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if not self._state.draining and self._loop is not None:
+            self._state.draining = True
+            loop = self._loop
+            loop.call_soon_threadsafe(
+                loop.call_later, self._drain_timeout, self._state.force_end.set
+            )
+        super().handle_exit(sig, frame)
+
+
+def metrics_app(registry: CollectorRegistry) -> Starlette:
+    """`GET /metrics` alone, for `metrics_port`."""
+
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return Starlette(routes=[Route("/metrics", metrics, methods=["GET"])])
+
+
+async def serve(settings: Settings, encoding: HarmonyEncoding, logger: logging.Logger) -> None:
+    """Serve until a signal; start the simulator first when no upstream is configured."""
+    simulator = None
+    if settings.upstream_url is None:
+        from proxy.simulator.config import SimulatorConfig
+        from proxy.simulator.server import start_simulator
+
+        simulator = await start_simulator(
+            SimulatorConfig(
+                stream_interval=settings.simulator_stream_interval,
+                token_seconds=settings.simulator_token_seconds,
+            ),
+            encoding,
+        )
+        settings = dataclasses.replace(settings, upstream_url=simulator.url)
+        logger.warning(
+            "no upstream configured (PROXY_UPSTREAM_URL / --upstream): serving the BUILT-IN "
+            "trtllm-serve SIMULATOR as upstream, not a model",
+            extra={"simulator": simulator.url},
+        )
+    state = ServerState()
+    registry = CollectorRegistry()
+    app = create_app(settings, encoding, state=state, registry=registry, logger=logger)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=int(settings.drain_timeout + _DRAIN_GRACE),
+        server_header=False,
+    )
+    server = DrainingServer(config, state, settings.drain_timeout)
+    side = None
+    if settings.metrics_port is not None:
+        side = uvicorn.Server(
+            uvicorn.Config(
+                metrics_app(registry),
+                host=settings.host,
+                port=settings.metrics_port,
+                log_config=None,
+                access_log=False,
+                lifespan="off",
+            )
+        )
+        side.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    logger.info(
+        "serving",
+        extra={"host": settings.host, "port": settings.port, "upstream": settings.upstream_url,
+               "repair_models": list(settings.repair_models), "pid": os.getpid()},
+    )  # fmt: skip
+    try:
+        if side is not None:
+            side_task = asyncio.create_task(side.serve())
+        await server.serve()
+    finally:
+        if side is not None:
+            side.should_exit = True
+            await side_task
+        if simulator is not None:
+            await simulator.stop()
