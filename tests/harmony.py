@@ -85,6 +85,8 @@ def semantic(items: Sequence[dict[str, Any]]) -> list[tuple[Any, ...]]:
         kind = item["type"]
         if kind == "function_call":
             out.append((kind, item["name"], item.get("namespace"), item["arguments"]))
+        elif kind == "web_search_call":
+            out.append((kind, item["action"]))
         elif kind == "message":
             text = "".join(part["text"] for part in item["content"])
             out.append((kind, item["role"], text))

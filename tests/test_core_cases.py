@@ -80,6 +80,40 @@ CASES = [
         namespaces=frozenset({"crm"}),
     ),
     Case(
+        "browser_search_is_a_web_search_call",
+        "<|channel|>analysis<|message|>Search it.<|end|>"
+        '<|start|>assistant<|channel|>analysis to=browser.search<|message|>{"query":"gpt-oss"}'
+        "<|call|>",
+        [
+            reasoning("Search it."),
+            (
+                "web_search_call",
+                {"type": "search", "query": "gpt-oss", "queries": None, "sources": None},
+            ),
+        ],
+    ),
+    Case(
+        "browser_open_and_find",
+        '<|channel|>analysis to=browser.open<|message|>{"id": "https://a.example", "cursor": 1}'
+        "<|call|><|start|>assistant<|channel|>analysis to=browser.find<|message|>"
+        '{"pattern": "price"}<|call|>',
+        [
+            ("web_search_call", {"type": "open_page", "url": "https://a.example"}),
+            ("web_search_call", {"type": "find_in_page", "pattern": "price", "url": ""}),
+        ],
+    ),
+    Case(
+        "browser_call_with_broken_json",
+        "<|channel|>analysis to=browser.search<|message|>{query: oops<|call|>",
+        [("web_search_call", {"type": "search", "query": None, "queries": None, "sources": None})],
+    ),
+    Case(
+        "python_and_unknown_tools_are_reasoning",
+        "<|channel|>analysis to=python<|message|>print(1)<|call|>"
+        "<|start|>assistant<|channel|>commentary to=container.exec<|message|>ls<|call|>",
+        [reasoning("print(1)"), reasoning("ls")],
+    ),
+    Case(
         "two_calls_in_a_row",
         '<|channel|>commentary to=functions.a <|constrain|>json<|message|>{"x":1}<|call|>'
         '<|start|>assistant<|channel|>commentary to=functions.b<|message|>{"y":2}<|call|>',

@@ -10,7 +10,13 @@ from collections.abc import Sequence
 from typing import Any
 
 TERMINAL = ("response.completed", "response.incomplete", "response.failed")
-ID_PREFIX = {"reasoning": "rs_", "message": "msg_", "function_call": "fc_"}
+ID_PREFIX = {
+    "reasoning": "rs_",
+    "message": "msg_",
+    "function_call": "fc_",
+    "web_search_call": "ws_",
+}
+WEB_SEARCH_STAGES = ("in_progress", "searching", "completed")
 PART_TYPE = {"reasoning": "reasoning_text", "message": "output_text"}
 DELTA_TYPE = {
     "reasoning": "response.reasoning_text.delta",
@@ -34,9 +40,12 @@ class _Open:
         self.part_added = False
         self.text_done: str | None = None
         self.part_done = False
+        self.stages: list[str] = []
 
 
 def _item_text(item: dict[str, Any]) -> str:
+    if item["type"] == "web_search_call":
+        return ""
     if item["type"] == "function_call":
         return str(item["arguments"])
     return "".join(part["text"] for part in item.get("content") or [])
@@ -98,7 +107,9 @@ def assert_well_formed(events: Sequence[dict[str, Any]]) -> dict[str, Any]:
             assert item["id"] not in seen_ids, f"{where}: duplicate item id {item['id']}"
             seen_ids.add(item["id"])
             assert item["status"] == "in_progress", where
-            if item["type"] == "function_call":
+            if item["type"] == "web_search_call":
+                assert item["action"]["type"] in ("search", "open_page", "find_in_page"), where
+            elif item["type"] == "function_call":
                 assert item["call_id"].startswith("call_"), f"{where}: call_id {item['call_id']!r}"
                 assert item["name"], f"{where}: function call without a name"
                 assert item["arguments"] == "", where
@@ -112,6 +123,16 @@ def assert_well_formed(events: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if "item_id" in event:
             assert event["item_id"] == current.id, f"{where}: item_id {event['item_id']!r}"
         assert event["output_index"] == current.index, f"{where}: output_index (rule 1)"
+        if current.kind == "web_search_call" and kind.startswith("response.web_search_call."):
+            stage = kind.rsplit(".", 1)[1]
+            assert stage in WEB_SEARCH_STAGES, where
+            assert not current.stages or WEB_SEARCH_STAGES.index(stage) > WEB_SEARCH_STAGES.index(
+                current.stages[-1]
+            ), f"{where}: web search stages out of order"
+            current.stages.append(stage)
+            if stage == "completed":
+                current.text_done = ""
+            continue
         if kind == "response.content_part.added":
             assert current.kind in PART_TYPE, where
             assert not current.part_added, where
@@ -120,7 +141,7 @@ def assert_well_formed(events: Sequence[dict[str, Any]]) -> dict[str, Any]:
             assert event["part"]["type"] == PART_TYPE[current.kind], where
             assert event["part"]["text"] == "", where
             current.part_added = True
-        elif kind == DELTA_TYPE[current.kind]:
+        elif kind == DELTA_TYPE.get(current.kind):
             assert current.text_done is None, f"{where}: delta after done"
             if current.kind in PART_TYPE:
                 assert current.part_added, f"{where}: delta before content_part.added (rule 3)"
@@ -132,7 +153,7 @@ def assert_well_formed(events: Sequence[dict[str, Any]]) -> dict[str, Any]:
             assert "\ufffd" not in delta, f"{where}: broken character in {delta!r} (rule 5)"
             delta.encode("utf-8")  # raises on a lone surrogate
             current.text.append(delta)
-        elif kind == TEXT_DONE_TYPE[current.kind]:
+        elif kind == TEXT_DONE_TYPE.get(current.kind):
             text = event["arguments"] if current.kind == "function_call" else event["text"]
             assert text == "".join(current.text), f"{where}: done text != deltas (rule 5)"
             current.text_done = text
@@ -146,6 +167,9 @@ def assert_well_formed(events: Sequence[dict[str, Any]]) -> dict[str, Any]:
         elif kind == "response.output_item.done":
             item = event["item"]
             assert current.text_done is not None, f"{where}: text done event missing"
+            if current.kind == "web_search_call":
+                assert current.stages[0] == "in_progress", where
+                assert current.stages[-1] == "completed", where
             if current.kind in PART_TYPE:
                 assert current.part_done, f"{where}: content_part.done missing"
             assert item["id"] == current.id, where

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 Event = dict[str, Any]
 Item = dict[str, Any]
 
@@ -17,6 +19,7 @@ Item = dict[str, Any]
 REASONING = "reasoning"
 MESSAGE = "message"
 FUNCTION_CALL = "function_call"
+WEB_SEARCH_CALL = "web_search_call"
 
 #: Delta event type per item type (what an item streams its text as).
 DELTA_TYPE = {
@@ -97,6 +100,42 @@ def function_call_item(
     if namespace is not None:
         item["namespace"] = namespace
     return item
+
+
+def web_search_item(item_id: str, action: dict[str, Any], status: str) -> Item:
+    """A `browser.*` call the model made: upstream's non-streaming answer shows it this way."""
+    return {"id": item_id, "type": WEB_SEARCH_CALL, "status": status, "action": action}
+
+
+def web_search_action(recipient: str, arguments: str | None) -> dict[str, Any]:
+    """The `action` of a `browser.search|open|find` call from its JSON arguments (lenient: the
+    model's JSON may be broken or cut; what cannot be read is left empty)."""
+    try:
+        args = orjson.loads(arguments) if arguments else {}
+    except orjson.JSONDecodeError:
+        args = {}
+    if not isinstance(args, dict):
+        args = {}
+
+    def text(key: str) -> str | None:
+        value = args.get(key)
+        return value if isinstance(value, str) else None
+
+    operation = recipient.partition(".")[2]
+    if operation == "open":
+        return {"type": "open_page", "url": text("url") or text("id")}
+    if operation == "find":
+        return {"type": "find_in_page", "pattern": text("pattern") or "", "url": text("url") or ""}
+    return {"type": "search", "query": text("query"), "queries": None, "sources": None}
+
+
+def web_search_event(stage: str, output_index: int, item_id: str) -> Event:
+    """`response.web_search_call.in_progress|searching|completed`."""
+    return {
+        "type": f"response.web_search_call.{stage}",
+        "output_index": output_index,
+        "item_id": item_id,
+    }
 
 
 # -- events ------------------------------------------------------------------------------------

@@ -72,6 +72,8 @@ class OpenItem:
         """The text added since the last call (one coalesced delta), or ""."""
         parts, start = self.parts, self.flushed
         self.flushed = len(parts)
+        if start == len(parts) or self.kind == ev.WEB_SEARCH_CALL:
+            return ""  # a web search streams no text, only its lifecycle
         if start + 1 == len(parts):
             return parts[start]  # the common case at one token per frame: no join
         return "".join(parts[start:])
@@ -84,6 +86,9 @@ class OpenItem:
         return ev.delta(self.kind, self.output_index, self.item_id, text)
 
     def _item(self, text: str | None, status: str) -> ev.Item:
+        if self.kind == ev.WEB_SEARCH_CALL:
+            action = ev.web_search_action(self.name, text)
+            return ev.web_search_item(self.item_id, action, status)
         if self.kind == ev.REASONING:
             return ev.reasoning_item(self.item_id, text, status)
         if self.kind == ev.MESSAGE:
@@ -97,11 +102,13 @@ class OpenItem:
             return ev.reasoning_text_part(text)
         if self.kind == ev.MESSAGE:
             return ev.output_text_part(text)
-        return None  # function calls have no content parts
+        return None  # function and web search calls have no content parts
 
     def opening_events(self) -> Iterator[ev.Event]:
         """`output_item.added` (+ `content_part.added`): contract rule 3."""
         yield ev.item_added(self.output_index, self._item(None, "in_progress"))
+        if self.kind == ev.WEB_SEARCH_CALL:
+            yield ev.web_search_event("in_progress", self.output_index, self.item_id)
         part = self._part("")
         if part is not None:
             yield ev.part_added(self.output_index, self.item_id, part)
@@ -109,7 +116,10 @@ class OpenItem:
     def closing_events(self, status: str) -> Iterator[ev.Event]:
         """Every done event of the item, in the contract's order (rule 4); sets `done_item`."""
         text = self.text
-        yield ev.text_done(self.kind, self.output_index, self.item_id, text)
+        if self.kind == ev.WEB_SEARCH_CALL:
+            yield ev.web_search_event("completed", self.output_index, self.item_id)
+        else:
+            yield ev.text_done(self.kind, self.output_index, self.item_id, text)
         part = self._part(text)
         if part is not None:
             yield ev.part_done(self.output_index, self.item_id, part)
@@ -127,6 +137,11 @@ def classify(
 ) -> OpenItem:
     """The item a completed assistant header opens (see the table in stream.py)."""
     if recipient:
+        if recipient.startswith("browser."):
+            # What upstream's non-streaming answer gives for a browser call, on any channel.
+            return OpenItem(
+                ev.WEB_SEARCH_CALL, TOOL_CHANNEL, output_index, ids("ws"), name=recipient
+            )
         namespace, _, name = recipient.partition(".")
         if recipient.startswith(_FUNCTIONS_PREFIX):
             namespace, name = "", recipient[len(_FUNCTIONS_PREFIX) :]
@@ -140,8 +155,8 @@ def classify(
                 namespace=namespace or None,
                 call_id=ids("call"),
             )
-        # A built-in tool (browser.*, python, …) that the proxy does not run: its input is
-        # model reasoning, shown the way upstream's non-streaming answer shows it.
+        # python, container.* and any other tool the proxy does not run: upstream's
+        # non-streaming answer shows such input as reasoning (or fails; we do not).
         return OpenItem(ev.REASONING, TOOL_CHANNEL, output_index, ids("rs"))
     if channel == "analysis":
         return OpenItem(ev.REASONING, REASONING_CHANNEL, output_index, ids("rs"))

@@ -121,7 +121,9 @@ class Tally:
         self.tokens_by_channel[channel] += item.tokens
         self.content_tokens[channel] += len(item.parts)  # one part per token that gave text
         self.chars[channel] += len(text)
-        self.per_token_deltas[ev.DELTA_TYPE[item.kind]] += len(item.parts)
+        delta_type = ev.DELTA_TYPE.get(item.kind)
+        if delta_type is not None:
+            self.per_token_deltas[delta_type] += len(item.parts)
         if channel == REASONING_CHANNEL:
             self.reasoning_tokens += item.tokens
             self.reasoning_text.append(text)

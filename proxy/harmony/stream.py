@@ -25,7 +25,8 @@ message becomes an output item (contract rule 3: announced as soon as its header
     final / commentary, no recipient    → message (phase final_answer / commentary — a preamble)
     functions.NAME                      → function_call NAME
     NS.NAME, NS a declared namespace    → function_call NAME in namespace NS
-    any other recipient (browser.*, …)  → see `items.py`: what upstream's non-streaming answer gives
+    browser.search|open|find            → web_search_call (upstream's non-streaming item type)
+    python, container.*, any other      → reasoning item (upstream's, where it does not fail)
 
 Content tokens become deltas (`last_content_delta`: the parser holds back the bytes of a
 multi-byte character until it is complete, so no delta carries a broken character). Within one
