@@ -1,0 +1,231 @@
+"""`input` of a `/v1/responses` request → the Harmony messages that follow the developer message.
+
+Each item renders as upstream's `_parse_response_input` (trtllm `responses_utils.py`) renders it:
+
+- a string input: one user message;
+- `message` (or an item without `type` but with `role`): role user / assistant / developer, and
+  `system` as a developer message whose text is prefixed `"Instructions:\\n"`. String content is
+  one text content; list content is one text content per part, each part's text on its own —
+  upstream prefixes *every* part of a system message, and so do we. Assistant messages carry no
+  channel;
+- `function_call`: an assistant message to `functions.NAME`, channel `commentary`, content type
+  `json`, content the arguments;
+- `function_call_output`: a message from author `functions.NAME`, NAME found by `call_id`;
+- `reasoning`: an assistant message (no channel) holding the reasoning text.
+
+Where upstream wrongly rejects or drops valid input, we render the equivalent shape it accepts
+(issue 3, `*.expected_fixed.json`):
+
+- `function_call_output` also finds its call among the earlier `function_call` items of the same
+  input, newest first (upstream only searches the previous response; fixture d13);
+- assistant messages in output form (`type`, `id`, `status`, `output_text` parts) are rendered
+  like list content (upstream silently drops them; fixture d29);
+- a `reasoning` item with only `summary` renders the summary texts joined with `"\\n\\n"`; one
+  with neither content nor summary text is skipped (upstream 400s); several content parts give
+  one text content each (upstream asserts exactly one);
+- a call or output carrying `namespace` NS (a Codex namespace tool) uses `NS.NAME` instead of
+  `functions.NAME`: the recipient the model wrote;
+- `item_reference` items are skipped until the proxy keeps a response store (a later issue);
+- a `refusal` part renders its refusal text.
+
+gpt-oss reads text only: image, file and audio parts are rejected, as is any other item type.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from openai_harmony import Author, Content, Message, Role, TextContent
+
+from proxy.harmony.request_check import (
+    at,
+    check_keys,
+    fail,
+    missing,
+    present,
+    want_list,
+    want_object,
+    want_str,
+)
+from proxy.harmony.request_tools import FUNCTIONS
+
+_ROLES = {
+    "user": Role.USER,
+    "assistant": Role.ASSISTANT,
+    "developer": Role.DEVELOPER,
+    "system": Role.DEVELOPER,  # upstream: "Instructions:\n" + text, as a developer message
+}
+_SYSTEM_PREFIX = "Instructions:\n"
+
+#: Keys of each accepted item type: openai-python's `ResponseInputItemParam` members (for a
+#: message all three shapes: easy input, input message, output message).
+ITEM_KEYS = {
+    "message": frozenset({"type", "role", "content", "id", "status", "phase"}),
+    "function_call": frozenset(
+        {"type", "id", "call_id", "name", "arguments", "status", "namespace", "caller", "async"}
+    ),
+    "function_call_output": frozenset(
+        {"type", "id", "call_id", "output", "status", "namespace", "name", "caller"}
+    ),
+    "reasoning": frozenset({"type", "id", "summary", "content", "encrypted_content", "status"}),
+    "item_reference": frozenset({"type", "id"}),
+}
+_TEXT_PARTS = {"input_text": "text", "output_text": "text", "refusal": "refusal"}
+_MEDIA_PARTS = frozenset({"input_image", "input_file", "input_audio"})
+_REASONING_PARTS = frozenset({"reasoning_text", "text"})
+
+
+def input_messages(value: Any) -> list[Message]:
+    """Validate `input` and render it as Harmony messages (module doc)."""
+    if value is None:
+        missing("input")
+    if isinstance(value, str):
+        return [Message.from_role_and_content(Role.USER, value)]
+    messages: list[Message] = []
+    calls: dict[str, str] = {}  # call_id → recipient of the newest function_call so far
+    for index, raw in enumerate(want_list(value, "input")):
+        path = at("input", index)
+        item = want_object(raw, path)
+        kind = present(item, "type")
+        if kind is None and "role" in item:
+            kind = "message"
+        if kind is None:
+            missing(at(path, "type"))
+        if not isinstance(kind, str) or kind not in ITEM_KEYS:
+            fail(
+                at(path, "type"),
+                kind,
+                "gpt-oss behind this proxy reads 'message', 'function_call', "
+                "'function_call_output', 'reasoning' and 'item_reference' items",
+                code="unsupported_value",
+            )
+        check_keys(item, ITEM_KEYS[kind], path, f"a '{kind}' input item")
+        message = _render_item(kind, item, path, calls)
+        if message is not None:
+            messages.append(message)
+    return messages
+
+
+def _render_item(
+    kind: str, item: dict[str, Any], path: str, calls: dict[str, str]
+) -> Message | None:
+    if kind == "message":
+        return _message(item, path)
+    if kind == "function_call":
+        name = _required_str(item, "name", path)
+        arguments = _required_str(item, "arguments", path)
+        call_id = _required_str(item, "call_id", path)
+        recipient = f"{_namespace(item, path)}.{name}"
+        calls[call_id] = recipient
+        message = Message.from_role_and_content(Role.ASSISTANT, arguments)
+        return (
+            message.with_channel("commentary").with_recipient(recipient).with_content_type("json")
+        )
+    if kind == "function_call_output":
+        call_id = _required_str(item, "call_id", path)
+        if call_id not in calls:
+            fail(
+                at(path, "call_id"),
+                call_id,
+                "no earlier function_call item in this input has that call_id (the proxy keeps "
+                "no previous responses to look it up in)",
+            )
+        _namespace(item, path)  # type-checked only: the matched call decides the author
+        contents = _output_contents(present(item, "output"), at(path, "output"))
+        return Message(author=Author.new(Role.TOOL, calls[call_id]), content=contents)
+    if kind == "reasoning":
+        return _reasoning(item, path)
+    _required_str(item, "id", path)  # item_reference: skipped until there is a response store
+    return None
+
+
+def _message(item: dict[str, Any], path: str) -> Message:
+    role_value = present(item, "role")
+    if role_value is None:
+        missing(at(path, "role"))
+    role = _ROLES.get(role_value) if isinstance(role_value, str) else None
+    if role is None:
+        fail(
+            at(path, "role"),
+            role_value,
+            "supported roles are 'user', 'assistant', 'system' and 'developer'",
+            code="unsupported_value",
+        )
+    prefix = _SYSTEM_PREFIX if role_value == "system" else ""
+    content = present(item, "content")
+    if content is None:
+        missing(at(path, "content"))
+    if isinstance(content, str):
+        return Message.from_role_and_content(role, prefix + content)
+    parts = want_list(content, at(path, "content"))
+    texts = [_part_text(part, at(at(path, "content"), i)) for i, part in enumerate(parts)]
+    return Message.from_role_and_contents(role, [TextContent(text=prefix + t) for t in texts])
+
+
+def _part_text(value: Any, path: str) -> str:
+    part = want_object(value, path)
+    kind = present(part, "type")
+    if kind is None:
+        missing(at(path, "type"))
+    if isinstance(kind, str) and kind in _MEDIA_PARTS:
+        fail(at(path, "type"), kind, "gpt-oss reads text only", code="unsupported_value")
+    key = _TEXT_PARTS.get(kind) if isinstance(kind, str) else None
+    if key is None:
+        fail(
+            at(path, "type"),
+            kind,
+            "supported content parts are 'input_text', 'output_text' and 'refusal'",
+            code="unsupported_value",
+        )
+    return _required_str(part, key, path)
+
+
+def _output_contents(value: Any, path: str) -> list[Content]:
+    if value is None:
+        missing(path)
+    if isinstance(value, str):
+        return [TextContent(text=value)]
+    parts = want_list(value, path)
+    return [TextContent(text=_part_text(part, at(path, i))) for i, part in enumerate(parts)]
+
+
+def _reasoning(item: dict[str, Any], path: str) -> Message | None:
+    content = present(item, "content")
+    texts: list[str] = []
+    if content is not None:
+        for index, raw in enumerate(want_list(content, at(path, "content"))):
+            part_path = at(at(path, "content"), index)
+            part = want_object(raw, part_path)
+            kind = present(part, "type")
+            if not isinstance(kind, str) or kind not in _REASONING_PARTS:
+                fail(at(part_path, "type"), kind, "expected 'reasoning_text'", code="invalid_value")
+            texts.append(_required_str(part, "text", part_path))
+    summary: list[str] = []
+    raw_summary = present(item, "summary")
+    if raw_summary is not None:
+        for index, raw in enumerate(want_list(raw_summary, at(path, "summary"))):
+            part_path = at(at(path, "summary"), index)
+            summary.append(_required_str(want_object(raw, part_path), "text", part_path))
+    encrypted = present(item, "encrypted_content")
+    if encrypted is not None:
+        want_str(encrypted, at(path, "encrypted_content"))  # opaque to us: cannot be decrypted
+    if texts:
+        return Message.from_role_and_contents(Role.ASSISTANT, [TextContent(text=t) for t in texts])
+    joined = "\n\n".join(summary)
+    if joined:
+        return Message.from_role_and_content(Role.ASSISTANT, joined)
+    return None
+
+
+def _namespace(item: dict[str, Any], path: str) -> str:
+    namespace = present(item, "namespace")
+    if namespace is None:
+        return FUNCTIONS
+    return want_str(namespace, at(path, "namespace")) or FUNCTIONS
+
+
+def _required_str(obj: dict[str, Any], key: str, path: str) -> str:
+    value = present(obj, key)
+    if value is None:
+        missing(at(path, key))
+    return want_str(value, at(path, key))

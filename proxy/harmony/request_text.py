@@ -1,0 +1,129 @@
+"""`text` of a `/v1/responses` request: its echo, and `text.format` as upstream's guided decoding.
+
+Upstream's Responses path (trtllm `ResponsesRequest.to_sampling_params` with the `gpt_oss`
+reasoning parser's serving extension) turns `text.format` json_schema / json_object into a
+structural tag that constrains only the final channel:
+
+    {"type": "triggered_tags",
+     "triggers": ["<|start|>assistant<|channel|>final<|message|>"],
+     "tags": [{"type": "tag", "begin": <trigger>, "content": <content>, "end": ""}],
+     "at_least_one": false, "stop_after_first": true}
+
+with content `{"type": "json_schema", "json_schema": <schema>}` (json_object: the schema
+`{"type": "object"}`); `sampling_params.guided_decoding` of fixture d17 records it. trtllm's
+`/v1/completions` can express exactly that: its `CompletionRequest.response_format` accepts
+`{"type": "structural_tag", "format": <xgrammar structural-tag format>}` and turns it into
+`GuidedDecodingParams(structural_tag=response_format.model_dump_json(by_alias=True,
+exclude_none=True))`, the very call the Responses path makes, so the engine gets the same string.
+`text.format` of type `text` means no constraint; `text.verbosity` cannot be honoured by gpt-oss
+and is only echoed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.harmony.request_check import (
+    at,
+    fail,
+    missing,
+    present,
+    want_bool,
+    want_choice,
+    want_object,
+    want_str,
+)
+
+#: The header gpt-oss writes when it opens its final answer; upstream triggers the constraint here.
+FINAL_CHANNEL_START = "<|start|>assistant<|channel|>final<|message|>"
+
+_VERBOSITIES = ("low", "medium", "high")
+
+
+@dataclass(frozen=True, slots=True)
+class TextConfig:
+    """What `text` gives the proxy.
+
+    `echo` is the response object's `text` (wire names: `schema`, not Python's `schema_`);
+    `response_format` is the `/v1/completions` `response_format` (None: unconstrained).
+    """
+
+    echo: dict[str, Any] | None
+    response_format: dict[str, Any] | None
+
+
+def structural_tag(content: dict[str, Any]) -> dict[str, Any]:
+    """Upstream's final-channel structural tag around `content`, keys in xgrammar's dump order."""
+    return {
+        "type": "triggered_tags",
+        "triggers": [FINAL_CHANNEL_START],
+        "tags": [{"type": "tag", "begin": FINAL_CHANNEL_START, "content": content, "end": ""}],
+        "at_least_one": False,
+        "stop_after_first": True,
+    }
+
+
+def read_text(value: Any) -> TextConfig:
+    """Validate `text` (None when absent) and map `text.format` to guided decoding."""
+    if value is None:
+        return TextConfig(echo=None, response_format=None)
+    text = want_object(value, "text")
+    verbosity = present(text, "verbosity")
+    if verbosity is not None:
+        want_choice(verbosity, "text.verbosity", _VERBOSITIES)
+    fmt = present(text, "format")
+    echo_format, response_format = (None, None) if fmt is None else _read_format(fmt)
+    # Upstream echoes the openai `ResponseTextConfig` model: format, verbosity, then extras.
+    echo = {"format": echo_format, "verbosity": verbosity}
+    echo.update((key, item) for key, item in text.items() if key not in echo)
+    return TextConfig(echo=echo, response_format=response_format)
+
+
+def _read_format(value: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    path = "text.format"
+    fmt = want_object(value, path)
+    kind = present(fmt, "type")
+    if kind is None:
+        missing(at(path, "type"))
+    if kind == "text":
+        return {**fmt, "type": "text"}, None
+    if kind == "json_object":
+        content = {"type": "json_schema", "json_schema": {"type": "object"}}
+        return {**fmt, "type": "json_object"}, _response_format(content)
+    if kind != "json_schema":
+        fail(
+            at(path, "type"),
+            kind,
+            "supported values are 'text', 'json_schema' and 'json_object'",
+            code="unsupported_value",
+        )
+    name = present(fmt, "name")
+    if name is None:
+        missing(at(path, "name"))
+    want_str(name, at(path, "name"))
+    schema = present(fmt, "schema")
+    if schema is None:
+        missing(at(path, "schema"))
+    want_object(schema, at(path, "schema"))
+    description = present(fmt, "description")
+    if description is not None:
+        want_str(description, at(path, "description"))
+    strict = present(fmt, "strict")
+    if strict is not None:
+        want_bool(strict, at(path, "strict"))
+    # The openai model's field order (name, schema, type, description, strict) with wire names.
+    echo = {
+        "name": name,
+        "schema": schema,
+        "type": "json_schema",
+        "description": description,
+        "strict": strict,
+    }
+    echo.update((key, item) for key, item in fmt.items() if key not in echo)
+    content = {"type": "json_schema", "json_schema": schema}
+    return echo, _response_format(content)
+
+
+def _response_format(content: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "structural_tag", "format": structural_tag(content)}

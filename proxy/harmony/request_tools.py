@@ -1,0 +1,238 @@
+"""`tools` of a `/v1/responses` request: Harmony tool namespaces for the developer message, echo.
+
+Upstream (`_get_developer_message` in trtllm's `responses_utils.py`) renders `function` tools as
+`ToolDescription.new(name, description, parameters)` in the `functions` namespace
+(`with_function_tools`), skips `web_search_preview` and `code_interpreter`, and answers 400 for
+any other type. On top of that (issue 3):
+
+- a function tool without `description` is rendered with `""` (upstream 400s: openai-harmony's
+  `ToolDescription` requires a string); openai-harmony then writes no `//` comment line for it;
+- `web_search` (Codex always sends it) and the dated web-search types are skipped like
+  `web_search_preview`: the model cannot search here;
+- a `namespace` tool (Codex groups MCP tools in them) becomes its own Harmony namespace
+  (`ToolNamespaceConfig(name, description, tools)`), so the model addresses `NS.fn`. A namespace
+  named `functions` is the default namespace (Codex's `DEFAULT_FUNCTION_NAMESPACE`): its tools join
+  the plain function tools and calls come back without a namespace.
+
+The echo mirrors upstream's: each tool as the openai model dumps it (its fields in model order,
+defaults filled, extras after), with wire names (`async`, not Python's `async_`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from openai_harmony import ToolDescription, ToolNamespaceConfig
+
+from proxy.harmony.request_check import (
+    at,
+    fail,
+    missing,
+    present,
+    want_bool,
+    want_list,
+    want_object,
+    want_str,
+)
+
+#: Harmony's namespace for plain function tools (openai-harmony `with_function_tools`).
+FUNCTIONS = "functions"
+
+#: Hosted tools the model cannot use behind this proxy: skipped from the prompt, kept in the echo.
+SKIPPED_TYPES = frozenset(
+    {
+        "web_search_preview",  # upstream skips these two
+        "code_interpreter",
+        "web_search",  # Codex sends it on every request
+        "web_search_preview_2025_03_11",
+        "web_search_2025_08_26",
+    }
+)
+
+# Field order and defaults of the openai 3.57.0 models upstream echoes through.
+_FUNCTION_ECHO: dict[str, Any] = dict.fromkeys(
+    [
+        *("name", "parameters", "strict", "type", "allowed_callers", "async", "defer_loading"),
+        *("description", "output_schema"),
+    ]
+)
+_NAMESPACE_MEMBER_ECHO: dict[str, Any] = dict.fromkeys(
+    [
+        *("name", "type", "allowed_callers", "async", "defer_loading", "description"),
+        *("output_schema", "parameters", "strict"),
+    ]
+)
+_HOSTED_ECHO: dict[str, dict[str, Any]] = {
+    "web_search_preview": dict.fromkeys(
+        ("type", "search_content_types", "search_context_size", "user_location")
+    ),
+    "web_search": dict.fromkeys(
+        ("type", "external_web_access", "filters", "search_context_size", "user_location")
+    ),
+    "code_interpreter": dict.fromkeys(("container", "type", "allowed_callers")),
+}
+_AUTO_CONTAINER_ECHO: dict[str, Any] = dict.fromkeys(
+    ("type", "file_ids", "memory_limit", "network_policy")
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSet:
+    """The declared tools, as the developer message and the response object need them.
+
+    `namespaces`: Harmony namespaces for the developer message (plain functions under
+    `functions`); `function_names`: names in the `functions` namespace; `namespace_names`: the
+    other namespaces, whose calls come back with a `namespace`; `echo`: the response's `tools`.
+    """
+
+    namespaces: tuple[ToolNamespaceConfig, ...]
+    function_names: frozenset[str]
+    namespace_names: frozenset[str]
+    echo: list[dict[str, Any]]
+
+
+def read_tools(value: Any) -> ToolSet:
+    """Validate `tools` (None when absent) and build the Harmony namespaces and the echo."""
+    if value is None:
+        return ToolSet(
+            namespaces=(), function_names=frozenset(), namespace_names=frozenset(), echo=[]
+        )
+    grouped: dict[str, tuple[str | None, list[ToolDescription]]] = {}
+    echo: list[dict[str, Any]] = []
+    for index, item in enumerate(want_list(value, "tools")):
+        path = at("tools", index)
+        tool = want_object(item, path)
+        kind = present(tool, "type")
+        if kind is None:
+            missing(at(path, "type"))
+        if kind == "function":
+            description = _add_member(grouped, FUNCTIONS, None, tool, path)
+            echo.append(_function_echo(tool, _FUNCTION_ECHO, description))
+        elif kind == "namespace":
+            echo.append(_read_namespace(grouped, tool, path))
+        elif isinstance(kind, str) and kind in SKIPPED_TYPES:
+            echo.append(_hosted_echo(tool))
+        else:
+            fail(
+                at(path, "type"),
+                kind,
+                "this tool type is not supported by gpt-oss behind this proxy (supported: "
+                "'function', 'namespace'; 'web_search', 'web_search_preview' and "
+                "'code_interpreter' are accepted and skipped)",
+                code="unsupported_value",
+            )
+    namespaces = tuple(
+        ToolNamespaceConfig(name=name, description=description, tools=tools)
+        for name, (description, tools) in grouped.items()
+    )
+    functions = grouped.get(FUNCTIONS, (None, []))[1]
+    return ToolSet(
+        namespaces=namespaces,
+        function_names=frozenset(tool.name for tool in functions),
+        namespace_names=frozenset(name for name in grouped if name != FUNCTIONS),
+        echo=echo,
+    )
+
+
+def _read_namespace(
+    grouped: dict[str, tuple[str | None, list[ToolDescription]]],
+    tool: dict[str, Any],
+    path: str,
+) -> dict[str, Any]:
+    name = present(tool, "name")
+    if name is None:
+        missing(at(path, "name"))
+    want_str(name, at(path, "name"))
+    if not name or "." in name:
+        # The proxy maps a call to `NS.fn` back to namespace NS and name fn at the first dot.
+        fail(at(path, "name"), name, "a namespace name must be non-empty and contain no '.'")
+    description = present(tool, "description")
+    if description is not None:
+        want_str(description, at(path, "description"))
+    members: list[dict[str, Any]] = []
+    members_value = present(tool, "tools")
+    if members_value is None:
+        missing(at(path, "tools"))
+    for index, item in enumerate(want_list(members_value, at(path, "tools"))):
+        member_path = at(at(path, "tools"), index)
+        member = want_object(item, member_path)
+        if present(member, "type") != "function":
+            fail(
+                at(member_path, "type"),
+                present(member, "type"),
+                "only 'function' tools are supported inside a namespace",
+                code="unsupported_value",
+            )
+        # The `functions` namespace is Harmony's default one: rendered exactly as plain tools.
+        ns_description = None if name == FUNCTIONS else description
+        member_description = _add_member(grouped, name, ns_description, member, member_path)
+        members.append(_function_echo(member, _NAMESPACE_MEMBER_ECHO, member_description))
+    echo = {"description": description, "name": name, "tools": members, "type": "namespace"}
+    echo.update((key, item) for key, item in tool.items() if key not in echo)
+    return echo
+
+
+def _add_member(
+    grouped: dict[str, tuple[str | None, list[ToolDescription]]],
+    namespace: str,
+    namespace_description: str | None,
+    tool: dict[str, Any],
+    path: str,
+) -> str | None:
+    name = present(tool, "name")
+    if name is None:
+        if isinstance(present(tool, "function"), dict):
+            _chat_completions_shape(path)
+        missing(at(path, "name"))
+    name = want_str(name, at(path, "name"))
+    raw_description = present(tool, "description")
+    description = (
+        None if raw_description is None else want_str(raw_description, at(path, "description"))
+    )
+    parameters = present(tool, "parameters")
+    if parameters is not None:
+        want_object(parameters, at(path, "parameters"))
+    strict = present(tool, "strict")
+    if strict is not None:
+        want_bool(strict, at(path, "strict"))
+    # Missing description → "" (issue 3, fixture d28.expected_fixed): no `//` line is rendered.
+    entry = ToolDescription.new(name=name, description=description or "", parameters=parameters)
+    _, tools = grouped.setdefault(namespace, (namespace_description, []))
+    tools.append(entry)
+    return description
+
+
+def _chat_completions_shape(path: str) -> NoReturn:
+    """A `{"type": "function", "function": {...}}` tool: say the Responses shape is flat."""
+    fail(
+        at(path, "function"),
+        {},
+        "Responses function tools are flat: put 'name', 'description' and 'parameters' on the "
+        "tool itself, not under 'function' (that is the chat-completions shape)",
+        code="invalid_value",
+    )
+
+
+def _function_echo(
+    tool: dict[str, Any], defaults: dict[str, Any], description: str | None
+) -> dict[str, Any]:
+    echo = {**defaults, **tool}
+    echo["description"] = description
+    echo["type"] = "function"
+    return echo
+
+
+def _hosted_echo(tool: dict[str, Any]) -> dict[str, Any]:
+    kind: str = tool["type"]
+    if kind.startswith("web_search_preview"):
+        family = "web_search_preview"
+    elif kind.startswith("web_search"):
+        family = "web_search"
+    else:
+        family = kind
+    echo = {**_HOSTED_ECHO.get(family, {}), **tool}
+    container = present(tool, "container")
+    if isinstance(container, dict):
+        echo["container"] = {**_AUTO_CONTAINER_ECHO, **container}
+    return echo
