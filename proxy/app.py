@@ -111,9 +111,13 @@ def create_app(
                 log_to.log(
                     level,
                     "upstream capability",
-                    extra={"upstream": settings.upstream_url, "capable": capability.token_ids,
-                           "detail": capability.detail, "model": capability.model},
-                )  # fmt: skip
+                    extra={
+                        "upstream": settings.upstream_url,
+                        "capable": capability.token_ids,
+                        "detail": capability.detail,
+                        "model": capability.model,
+                    },
+                )
                 last = capability
             await asyncio.sleep(PROBE_PERIOD if capability.token_ids else PROBE_RETRY)
 
@@ -157,10 +161,14 @@ def create_app(
         await asgi.send_error(send, error, [(b"x-request-id", request_id.encode())])
         metrics.requests.labels("responses", "unknown", "client_error", "other").inc()
         log(
-            "request", request_id=request_id, route="/v1/responses", status=error.status,
-            outcome="client_error", error=error.code or error.error_type,
+            "request",
+            request_id=request_id,
+            route="/v1/responses",
+            status=error.status,
+            outcome="client_error",
+            error=error.code or error.error_type,
             duration_ms=round((monotonic() - started) * 1000, 2),
-        )  # fmt: skip
+        )
 
     async def _forward(
         scope: Scope,
@@ -173,10 +181,20 @@ def create_app(
         strip: str = "",
     ) -> None:
         await passthrough.forward(
-            scope, inbound, send, upstream=upstream, metrics=metrics, request_id=request_id,
-            timeout=settings.first_token_timeout, max_body_bytes=settings.max_body_bytes,
-            log=log, started=started, monotonic=monotonic, body=body, path_prefix_strip=strip,
-        )  # fmt: skip
+            scope,
+            inbound,
+            send,
+            upstream=upstream,
+            metrics=metrics,
+            request_id=request_id,
+            timeout=settings.first_token_timeout,
+            max_body_bytes=settings.max_body_bytes,
+            log=log,
+            started=started,
+            monotonic=monotonic,
+            body=body,
+            path_prefix_strip=strip,
+        )
 
     async def everything_else(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # websockets and friends: not ours to proxy

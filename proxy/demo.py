@@ -183,8 +183,11 @@ def render(result: dict[str, Any]) -> str:
     def row(name: str, left: str, right: str) -> None:
         lines.append(f"  {name:<26}{left:<34}{right}")
 
-    row("items announced", ", ".join(before["items_announced"]) or "-",
-        ", ".join(after["items_announced"]))  # fmt: skip
+    row(
+        "items announced",
+        ", ".join(before["items_announced"]) or "-",
+        ", ".join(after["items_announced"]),
+    )
     for channel in ("reasoning", "answer"):
         total = len(after["final"][channel])
         row(
@@ -192,8 +195,11 @@ def render(result: dict[str, Any]) -> str:
             f"{len(before['streamed'][channel])} of {len(before['final'][channel])} chars",
             f"{len(after['streamed'][channel])} of {total} chars",
         )
-    row("stream matches final", "yes" if before["matches_final"] else "NO",
-        "yes" if after["matches_final"] else "NO")  # fmt: skip
+    row(
+        "stream matches final",
+        "yes" if before["matches_final"] else "NO",
+        "yes" if after["matches_final"] else "NO",
+    )
     row("events", str(before["events"]), str(after["events"]))
     lines += [
         "",

@@ -113,9 +113,14 @@ async def serve(settings: Settings, encoding: HarmonyEncoding, logger: logging.L
         side.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     logger.info(
         "serving",
-        extra={"host": settings.host, "port": settings.port, "upstream": settings.upstream_url,
-               "repair_models": list(settings.repair_models), "pid": os.getpid()},
-    )  # fmt: skip
+        extra={
+            "host": settings.host,
+            "port": settings.port,
+            "upstream": settings.upstream_url,
+            "repair_models": list(settings.repair_models),
+            "pid": os.getpid(),
+        },
+    )
     try:
         if side is not None:
             side_task = asyncio.create_task(side.serve())

@@ -105,9 +105,12 @@ class Upstream:
             "POST",
             "/v1/completions",
             content=orjson.dumps(body),
-            headers=[*end_to_end(headers, drop=_REPLACED),
-                     ("content-type", "application/json"), ("accept", "text/event-stream")],
-        )  # fmt: skip
+            headers=[
+                *end_to_end(headers, drop=_REPLACED),
+                ("content-type", "application/json"),
+                ("accept", "text/event-stream"),
+            ],
+        )
         response = await self._send(request, timeout)
         try:
             await _check_status(response)

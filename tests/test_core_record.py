@@ -19,9 +19,8 @@ def ids(scenario: str) -> list[int]:
 
 def n20_chunks(scenario: str) -> list[list[int]]:
     (transcript,) = [
-        t for t in MANIFEST["transcripts"]
-        if t["file"] == f"{scenario}/kept/N20.jsonl"
-    ]  # fmt: skip
+        t for t in MANIFEST["transcripts"] if t["file"] == f"{scenario}/kept/N20.jsonl"
+    ]
     tokens, chunks = ids(scenario), []
     for size in transcript["chunk_sizes"]:
         chunks.append(tokens[:size])

@@ -96,9 +96,10 @@ def test_openai_sdk_stream_gets_the_whole_answer(
 ) -> None:
     double.script = script_for(ids_of(encoding, ANSWER), 20)
     client = OpenAI(base_url=proxy.url + "/v1", api_key="x", _strict_response_validation=True)
-    events = [e.model_dump(mode="json", exclude_unset=True) for e in client.responses.create(
-        model=MODEL, input="Hi!", stream=True
-    )]  # fmt: skip
+    events = [
+        e.model_dump(mode="json", exclude_unset=True)
+        for e in client.responses.create(model=MODEL, input="Hi!", stream=True)
+    ]
     response = assert_well_formed(events)
     assert [item["type"] for item in response["output"]] == ["reasoning", "message"]
     deltas = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
@@ -141,8 +142,9 @@ def test_stream_headers_and_request_id(proxy: LiveServer, double: UpstreamDouble
     assert answer.headers["x-accel-buffering"] == "no"
     assert len(answer.headers["x-request-id"]) == 32  # created when the client sent none
     assert answer.content.startswith(b"event: response.created\ndata: {")
-    again = post(proxy, {"model": MODEL, "input": "Hi", "stream": True},
-                 headers={"X-Request-Id": "abc-1"})  # fmt: skip
+    again = post(
+        proxy, {"model": MODEL, "input": "Hi", "stream": True}, headers={"X-Request-Id": "abc-1"}
+    )
     assert again.headers["x-request-id"] == "abc-1"
 
 
@@ -215,8 +217,9 @@ def test_failure_after_the_stream_started_ends_with_response_failed(
     assert response["output"][0]["type"] == "reasoning"
     # the proxy still serves the next request
     double.script = script_for(ids, 20)
-    assert assert_well_formed(sse_events(post(proxy, {"model": MODEL, "input": "x",
-                                                      "stream": True}).content))  # fmt: skip
+    assert assert_well_formed(
+        sse_events(post(proxy, {"model": MODEL, "input": "x", "stream": True}).content)
+    )
 
 
 def test_non_streaming_failure_is_an_http_error(proxy: LiveServer, double: UpstreamDouble) -> None:
@@ -264,8 +267,12 @@ def test_client_disconnect_closes_upstream_within_a_second(
     proxy: LiveServer, double: UpstreamDouble, encoding: HarmonyEncoding
 ) -> None:
     double.script = script_for(ids_of(encoding, ANSWER) * 20, 1, pause=0.05)
-    with httpx.stream("POST", proxy.url + "/v1/responses", timeout=10,
-                      json={"model": MODEL, "input": "Hi", "stream": True}) as answer:  # fmt: skip
+    with httpx.stream(
+        "POST",
+        proxy.url + "/v1/responses",
+        timeout=10,
+        json={"model": MODEL, "input": "Hi", "stream": True},
+    ) as answer:
         for line in answer.iter_lines():
             if "output_text.delta" in line or "reasoning_text.delta" in line:
                 break
@@ -281,8 +288,7 @@ def test_keepalive_comments_during_silence(
     proxy: LiveServer, double: UpstreamDouble, encoding: HarmonyEncoding
 ) -> None:
     ids = ids_of(encoding, ANSWER)
-    double.script = [("frame", ids[:5], None, None), ("sleep", 0.5),
-                     *script_for(ids[5:], 20)]  # fmt: skip
+    double.script = [("frame", ids[:5], None, None), ("sleep", 0.5), *script_for(ids[5:], 20)]
     answer = post(proxy, {"model": MODEL, "input": "Hi", "stream": True})
     assert b"\n: keepalive\n\n" in answer.content
     assert_well_formed(sse_events(answer.content))
@@ -297,8 +303,12 @@ def test_body_limit_and_concurrency_limit(
         assert big.status_code == 413
         assert big.json()["error"]["code"] == "request_too_large"
         double.script = script_for(ids_of(encoding, ANSWER), 1, pause=0.1)
-        with httpx.stream("POST", proxy.url + "/v1/responses", timeout=10,
-                          json={"model": MODEL, "input": "Hi", "stream": True}) as first:  # fmt: skip
+        with httpx.stream(
+            "POST",
+            proxy.url + "/v1/responses",
+            timeout=10,
+            json={"model": MODEL, "input": "Hi", "stream": True},
+        ) as first:
             lines = first.iter_lines()  # keep it: a dropped iterator closes the stream
             next(lines)
             second = post(proxy, {"model": MODEL, "input": "Hi", "stream": True})
@@ -324,8 +334,12 @@ def test_bad_requests_never_reach_upstream(proxy: LiveServer, double: UpstreamDo
 def test_passthrough_keeps_method_path_query_body_status_and_headers(
     proxy: LiveServer, double: UpstreamDouble
 ) -> None:
-    answer = httpx.put(proxy.url + "/v1/some/thing?a=1&b=two&status=201", content=b"raw \x00 body",
-                       headers={"X-Custom": "yes", "Authorization": "Bearer k"}, timeout=5)  # fmt: skip
+    answer = httpx.put(
+        proxy.url + "/v1/some/thing?a=1&b=two&status=201",
+        content=b"raw \x00 body",
+        headers={"X-Custom": "yes", "Authorization": "Bearer k"},
+        timeout=5,
+    )
     assert answer.status_code == 201
     echoed = answer.json()
     assert echoed["method"] == "PUT"

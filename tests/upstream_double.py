@@ -21,10 +21,18 @@ Step = tuple[Any, ...]
 
 
 def frame(token_ids: Sequence[int], finish: str | None = None, stop: int | None = None) -> bytes:
-    choice = {"index": 0, "text": "", "token_ids": list(token_ids), "finish_reason": finish,
-              "stop_reason": stop}  # fmt: skip
-    return b"data: " + orjson.dumps({"id": "cmpl-1", "object": "text_completion",
-                                     "choices": [choice]}) + b"\n\n"  # fmt: skip
+    choice = {
+        "index": 0,
+        "text": "",
+        "token_ids": list(token_ids),
+        "finish_reason": finish,
+        "stop_reason": stop,
+    }
+    return (
+        b"data: "
+        + orjson.dumps({"id": "cmpl-1", "object": "text_completion", "choices": [choice]})
+        + b"\n\n"
+    )
 
 
 def script_for(
@@ -124,22 +132,40 @@ class UpstreamDouble:
                     choice["token_ids"] = [200005]
                 await _json(send, 200, {"id": "cmpl-p", "choices": [choice]})
         elif path == "/sse":
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": [(b"content-type", b"text/event-stream")]})  # fmt: skip
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")],
+                }
+            )
             for number in range(3):
-                await send({"type": "http.response.body", "body": b"data: %d\n\n" % number,
-                            "more_body": True})  # fmt: skip
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "body": b"data: %d\n\n" % number,
+                        "more_body": True,
+                    }
+                )
                 await asyncio.sleep(0.2)
             await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
         else:  # echo what arrived
             await _json(
                 send,
                 int(dict(_query(seen.query)).get("status", "200")),
-                {"method": seen.method, "path": path, "query": seen.query,
-                 "headers": seen.headers, "body": seen.body.decode("latin-1")},
-                extra=[(b"x-upstream", b"double"), (b"connection", b"x-drop-me"),
-                       (b"x-drop-me", b"1")],
-            )  # fmt: skip
+                {
+                    "method": seen.method,
+                    "path": path,
+                    "query": seen.query,
+                    "headers": seen.headers,
+                    "body": seen.body.decode("latin-1"),
+                },
+                extra=[
+                    (b"x-upstream", b"double"),
+                    (b"connection", b"x-drop-me"),
+                    (b"x-drop-me", b"1"),
+                ],
+            )
 
     async def _stream(self, send: Send, seen: Seen) -> None:
         started = False
@@ -154,8 +180,13 @@ class UpstreamDouble:
             if kind == "cut":
                 raise ConnectionAbortedError("scripted cut")  # uvicorn drops the connection
             if not started:
-                await send({"type": "http.response.start", "status": 200,
-                            "headers": [(b"content-type", b"text/event-stream; charset=utf-8")]})  # fmt: skip
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 200,
+                        "headers": [(b"content-type", b"text/event-stream; charset=utf-8")],
+                    }
+                )
                 started = True
             if kind == "frame":
                 chunk = frame(step[1], step[2], step[3])
@@ -175,8 +206,13 @@ class UpstreamDouble:
                 raise AssertionError(f"unknown step {step}")
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         if not started:
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": [(b"content-type", b"text/event-stream")]})  # fmt: skip
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")],
+                }
+            )
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
@@ -188,6 +224,11 @@ async def _json(
     send: Send, status: int, body: Any, extra: Sequence[tuple[bytes, bytes]] = ()
 ) -> None:
     payload = orjson.dumps(body)
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), *extra]})  # fmt: skip
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), *extra],
+        }
+    )
     await send({"type": "http.response.body", "body": payload})
