@@ -58,3 +58,12 @@ def test_error_message_of_upstream_bodies() -> None:
     assert error_message(b'{"error":"boom"}') == "boom"
     assert error_message(b"<html>502</html>") == "<html>502</html>"
     assert error_message(b"") == "(empty body)"
+
+
+def test_error_frame_with_a_plain_error_string() -> None:
+    with pytest.raises(FrameError, match="overloaded"):
+        parse_frame('{"error": "overloaded"}')
+
+
+def test_error_body_that_is_json_but_not_an_error_object() -> None:
+    assert error_message(b"[1, 2]") == "[1, 2]"

@@ -95,3 +95,18 @@ def test_example_config_uncommented_is_valid(tmp_path: Path) -> None:
 def test_upstream_alias_flag() -> None:
     settings = load_settings({}, parse_flags(["--upstream", "http://10.0.0.2:8000/"]))
     assert settings.upstream_url == "http://10.0.0.2:8000"
+
+
+def test_more_bad_values(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="PROXY_SIMULATOR_TOKEN_SECONDS='-1'"):
+        load_settings({"PROXY_SIMULATOR_TOKEN_SECONDS": "-1"})
+    assert load_settings({"PROXY_LOG_CONTENT": "yes"}).log_content is True
+    assert load_settings({"PROXY_LOG_CONTENT": "off"}).log_content is False
+    config = tmp_path / "broken.toml"
+    config.write_text("port = \n")
+    with pytest.raises(ConfigError, match=r"broken\.toml"):
+        load_settings({"PROXY_CONFIG": str(config)})
+    config.write_text("log_content = true\nrepair_models = ['a', 'b']\n")
+    settings = load_settings({"PROXY_CONFIG": str(config)})
+    assert settings.log_content is True
+    assert settings.repair_models == ("a", "b")

@@ -142,3 +142,14 @@ def test_empty_frames_send_nothing(encoding: HarmonyEncoding) -> None:
     assert stream.feed([]) == []
     stream.feed(ids_of(encoding, "<|channel|>final<|message|>"))
     assert stream.feed([]) == []
+
+
+def test_token_ids_that_are_no_u32_are_dropped_and_counted(encoding: HarmonyEncoding) -> None:
+    stream = ResponseStream(encoding, context(), CountingIds())
+    events = stream.start() + stream.feed(ids_of(encoding, "<|channel|>final<|message|>Hi"))
+    events += stream.feed([-1, 2**40]) + stream.feed(ids_of(encoding, " there<|return|>"))
+    events += stream.finish("stop")
+    response = assert_well_formed(events)
+    assert response["output"][0]["content"][0]["text"] == "Hi there"
+    assert stream.record().malformed == {"invalid_token_id": 2}
+    assert stream.record().items_unclosed == 0

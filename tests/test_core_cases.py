@@ -108,6 +108,11 @@ CASES = [
         [("web_search_call", {"type": "search", "query": None, "queries": None, "sources": None})],
     ),
     Case(
+        "browser_call_with_non_object_json",
+        '<|channel|>analysis to=browser.open<|message|>["https://a.example"]<|call|>',
+        [("web_search_call", {"type": "open_page", "url": None})],
+    ),
+    Case(
         "python_and_unknown_tools_are_reasoning",
         "<|channel|>analysis to=python<|message|>print(1)<|call|>"
         "<|start|>assistant<|channel|>commentary to=container.exec<|message|>ls<|call|>",

@@ -61,3 +61,12 @@ def test_any_byte_split_gives_the_same_messages(cuts: list[int], newline: bytes)
         start = max(start, cut)
     got += decoder.feed(body[start:]) + decoder.flush()
     assert got == expected
+
+
+def test_flush_of_a_partial_line_that_completes_nothing() -> None:
+    decoder = SSEDecoder()
+    decoder.feed(b"data: a\n")
+    assert decoder.flush() == [Message("a")]
+    decoder.feed(b": comment only")
+    assert decoder.flush() == []
+    assert decoder.feed(b"id: 7\nretry: 10\ndata: b\n\n") == [Message("b")]

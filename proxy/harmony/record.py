@@ -24,7 +24,6 @@ from proxy.harmony.items import (
     CHANNELS,
     FINAL_CHANNEL,
     REASONING_CHANNEL,
-    TOOL_CHANNEL,
     OpenItem,
 )
 
@@ -32,8 +31,7 @@ from proxy.harmony.items import (
 _UNPATCHED_DELTA_CHANNEL = {
     "response.reasoning_text.delta": REASONING_CHANNEL,
     "response.output_text.delta": FINAL_CHANNEL,
-    "response.function_call_arguments.delta": TOOL_CHANNEL,
-}
+}  # upstream streams no function-call arguments, preambles or tool input
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,8 +137,7 @@ class Tally:
                 text = event["delta"]
                 self.unpatched_chars[channel] += len(text)
                 self.unpatched_tokens[channel] += 1
-                if channel in self.unpatched_text:
-                    self.unpatched_text[channel].append(text)
+                self.unpatched_text[channel].append(text)
 
     def record(
         self,

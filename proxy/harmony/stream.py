@@ -182,11 +182,6 @@ class ResponseStream:
         return self._fail(code, message, None)
 
     @property
-    def output(self) -> list[ev.Item]:
-        """The done items so far: the terminal snapshot's `output` once the stream has ended."""
-        return self._output
-
-    @property
     def ended(self) -> bool:
         return self._phase is _Phase.ENDED
 
@@ -239,8 +234,8 @@ class ResponseStream:
                 self._malformed["token_outside_message"] += 1
                 return
             self._message_tokens = 1
-            if self._feed_parser(token):
-                self._parse = _HEADER
+            self._feed_parser(token)  # <|start|> is what the parser waits for: accepted
+            self._parse = _HEADER
             return
         if parse is _SKIP:
             self._feed_parser(token)
