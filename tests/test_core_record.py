@@ -55,6 +55,15 @@ def test_one_token_per_frame_loses_no_text_but_still_events(encoding: HarmonyEnc
     assert record.repaired
 
 
+def test_stop_token_cut_leaves_the_unpatched_answer_unclosed(encoding: HarmonyEncoding) -> None:
+    # upstream never calls process_eos: without <|return|> its answer gets no done events
+    tokens = ids("s1_reasoning_final")[:-1]
+    _, stream = run(encoding, chunks_of(tokens, [1]))
+    record = stream.record()
+    assert record.items_unclosed == 1
+    assert record.items_unannounced == 0
+
+
 def test_function_call_and_preamble_are_recovered(encoding: HarmonyEncoding) -> None:
     _, stream = run(encoding, chunks_of(ids("s2_reasoning_function_call"), [1]))
     record = stream.record()
