@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Iterator
@@ -388,3 +389,100 @@ def test_health_endpoints(proxy: LiveServer, double: UpstreamDouble) -> None:
     assert ready.json()["token_ids"] is True
     double.healthy = False
     assert httpx.get(proxy.url + "/readyz").status_code == 503
+
+
+@pytest.mark.parametrize(
+    ("script", "wait_for_line"),
+    [
+        ([("sleep", 5.0)], None),  # upstream has not answered yet
+        ([("frame", [], None, None), ("sleep", 5.0)], "response.in_progress"),  # before a token
+    ],
+    ids=["before_upstream_answers", "before_first_token"],
+)
+def test_disconnect_in_every_phase_releases_upstream(
+    proxy: LiveServer,
+    double: UpstreamDouble,
+    script: list[tuple[Any, ...]],
+    wait_for_line: str | None,
+) -> None:
+    double.script = script
+    with httpx.Client(timeout=10) as client:
+        request = client.build_request(
+            "POST",
+            proxy.url + "/v1/responses",
+            json={"model": MODEL, "input": "Hi", "stream": True},
+            timeout=httpx.Timeout(10, read=0.5 if wait_for_line is None else 10),
+        )
+        if wait_for_line is None:
+            # no status line yet: we give up waiting, as an impatient client does
+            with contextlib.suppress(httpx.ReadTimeout):
+                client.send(request, stream=True)
+        else:
+            answer = client.send(request, stream=True)
+            lines = answer.iter_lines()
+            assert any(wait_for_line in line for line in lines)
+            answer.close()
+        left = time.monotonic()
+    assert wait_for(lambda: bool(double.completions()) and double.completions()[-1].ended, 3)
+    seen = double.completions()[-1]
+    assert seen.disconnected
+    assert seen.ended is not None
+    assert seen.ended - left < 1.0
+
+
+def test_first_event_goes_out_before_the_first_token(
+    proxy: LiveServer, double: UpstreamDouble, encoding: HarmonyEncoding
+) -> None:
+    double.script = [
+        ("frame", [], None, None),
+        ("sleep", 0.5),
+        *script_for(ids_of(encoding, ANSWER)),
+    ]
+    started = time.monotonic()
+    with httpx.stream(
+        "POST",
+        proxy.url + "/v1/responses",
+        timeout=10,
+        json={"model": MODEL, "input": "Hi", "stream": True},
+    ) as answer:
+        arrivals = []
+        for line in answer.iter_lines():
+            if line.startswith("event: "):
+                arrivals.append((line[7:], time.monotonic() - started))
+    first = dict(arrivals)
+    assert first["response.created"] < 0.3
+    assert first["response.in_progress"] < 0.3
+    assert arrivals[2][1] >= 0.45  # the first item waited for the first token
+
+
+def test_upstream_stall_before_headers_is_504(
+    upstream: tuple[UpstreamDouble, LiveServer], double: UpstreamDouble, encoding: HarmonyEncoding
+) -> None:
+    proxy = start_proxy(upstream[1].url, encoding, first_token_timeout=0.5)
+    try:
+        double.script = [("sleep", 2.0)]
+        answer = post(proxy, {"model": MODEL, "input": "Hi", "stream": True})
+        assert answer.status_code == 504
+        assert answer.json()["error"]["code"] == "upstream_timeout"
+        metrics = httpx.get(proxy.url + "/metrics").text
+        assert 'proxy_timeouts_total{kind="first_byte"} 1.0' in metrics
+    finally:
+        proxy.__exit__()
+
+
+def test_metrics_count_outcomes_and_recovery(
+    proxy: LiveServer, double: UpstreamDouble, encoding: HarmonyEncoding
+) -> None:
+    double.script = script_for(ids_of(encoding, ANSWER), 20)
+    post(proxy, {"model": MODEL, "input": "Hi", "stream": True})
+    double.script = [("frame", [200005], None, None), ("cut",)]
+    post(proxy, {"model": MODEL, "input": "Hi", "stream": True})
+    text = httpx.get(proxy.url + "/metrics").text
+    labels = 'model="other",outcome="{}",route="responses",stream="true"'
+    assert f"proxy_requests_total{{{labels.format('completed')}}} 1.0" in text
+    assert f"proxy_requests_total{{{labels.format('failed')}}} 1.0" in text
+    assert 'proxy_upstream_errors_total{kind="upstream_disconnected"} 1.0' in text
+    assert "proxy_unpatched_text_differs_total 1.0" in text
+    assert 'proxy_recovered_chars_total{channel="final"}' in text
+    assert "proxy_selfcheck_failures_total 0.0" in text
+    assert "proxy_streams_in_flight 0.0" in text

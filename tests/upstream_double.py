@@ -75,6 +75,8 @@ class UpstreamDouble:
 
     def __init__(self) -> None:
         self.script: list[Step] = script_for([200005, 17196, 200008, 12194, 13, 200002])
+        #: Scripts for the next streams, in order of arrival (then `script` again).
+        self.queue: list[list[Step]] = []
         self.capable = True
         self.healthy = True
         self.seen: list[Seen] = []
@@ -169,7 +171,7 @@ class UpstreamDouble:
 
     async def _stream(self, send: Send, seen: Seen) -> None:
         started = False
-        for step in self.script:
+        for step in self.queue.pop(0) if self.queue else self.script:
             kind = step[0]
             if kind == "status":
                 await _json(send, step[1], step[2])
