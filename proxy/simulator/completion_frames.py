@@ -1,0 +1,205 @@
+"""The bytes of trtllm-serve's `/v1/completions` answers, streaming and not.
+
+Streaming (`completion_stream_post_processor`, postprocess_handlers.py): one `data: {json}\\n\\n`
+frame per engine output — `CompletionStreamResponse.model_dump_json()`, keys in model order,
+`id` = `cmpl-<engine request id>` on every frame, `choices[0]` with `text` (the new text, or ""
+with `detokenize: false`), `token_ids` (the output's new ids, `null` when detokenizing),
+`finish_reason`/`stop_reason` on the last one; then with `stream_options.include_usage` a frame
+with `choices: []` and `usage`; then `data: [DONE]` (`generator_wrapper` in openai_server.py).
+Non-streaming: `CompletionResponse.model_dump()` as JSON.
+
+Text comes from an incremental detokenizer that holds back the bytes of a character split
+across tokens until it is complete (what HF's `decode_incrementally` does), and leaves out
+special tokens when `skip_special_tokens`. `logprobs: k` gives deterministic fake values: the
+simulator has no distribution. Sans-IO.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+import orjson
+from openai_harmony import HarmonyEncoding, HarmonyError
+
+from proxy.simulator.completion_request import CompletionParams
+from proxy.simulator.engine import EngineOutput
+
+DONE: Final = b"data: [DONE]\n\n"
+#: A frame cut off mid-JSON (the `malformed` fault).
+MALFORMED: Final = b'data: {"id":"cmpl-0","object":"text_completion","choices":[{"index":0,\n\n'
+#: The longest run of tokens one character can be split into (4 UTF-8 bytes).
+_MAX_SPLIT = 4
+
+
+def frame(payload: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def error_frame(message: str, status: int = 500) -> bytes:
+    """What newer servers send when the generation fails mid-stream (then `[DONE]`)."""
+    error = {
+        "object": "error",
+        "message": message,
+        "type": "InternalServerError",
+        "param": None,
+        "code": status,
+    }
+    return frame({"error": error})
+
+
+def safe_decode(encoding: HarmonyEncoding, ids: Sequence[int]) -> str:
+    """Lossy text of ids; U+FFFD for ids outside the vocab instead of an exception."""
+    try:
+        return encoding.decode(list(ids))
+    except (HarmonyError, ValueError, OverflowError):
+        return "\ufffd"
+
+
+class Detokenizer:
+    """Incremental text of generated ids (module doc)."""
+
+    def __init__(self, encoding: HarmonyEncoding, *, skip_special_tokens: bool) -> None:
+        self._encoding = encoding
+        self._skip = skip_special_tokens
+        self._pending: list[int] = []
+
+    def feed(self, token_ids: Sequence[int], *, final: bool = False) -> str:
+        if self._skip:
+            token_ids = [t for t in token_ids if not self._special(t)]
+        self._pending += token_ids
+        if not self._pending:
+            return ""
+        keep = 0 if final else self._incomplete_tail()
+        cut = len(self._pending) - keep
+        ready, self._pending = self._pending[:cut], self._pending[cut:]
+        return self._decode(ready)
+
+    def _incomplete_tail(self) -> int:
+        """How many trailing pending ids hold an unfinished character (0 when none do)."""
+        for keep in range(min(_MAX_SPLIT, len(self._pending)) + 1):
+            try:
+                self._encoding.decode_utf8(self._pending[: len(self._pending) - keep])
+            except (HarmonyError, ValueError, OverflowError):
+                continue
+            return keep
+        return 0  # invalid inside, not just at the end: decode it lossily
+
+    def _decode(self, ids: list[int]) -> str:
+        return safe_decode(self._encoding, ids)
+
+    def _special(self, token: int) -> bool:
+        try:
+            return bool(self._encoding.is_special_token(token))
+        except (HarmonyError, ValueError, OverflowError):
+            return False
+
+
+class CompletionWriter:
+    """Frames and bodies of one completion request (module doc)."""
+
+    def __init__(
+        self,
+        encoding: HarmonyEncoding,
+        params: CompletionParams,
+        *,
+        engine_id: int,
+        created: int,
+        prompt_tokens: int,
+        prompt_text: str | None,
+    ) -> None:
+        self._encoding = encoding
+        self._params = params
+        self._id = f"cmpl-{engine_id}"
+        self._created = created
+        self._prompt_tokens = prompt_tokens
+        self._echo = prompt_text if params.echo else None
+        self._text = Detokenizer(encoding, skip_special_tokens=params.skip_special_tokens)
+        self._offset = 0
+        self.completion_tokens = 0
+
+    def chunk(self, output: EngineOutput, *, without_token_ids: bool = False) -> bytes:
+        """The frame of one engine output."""
+        params, ids = self._params, list(output.token_ids)
+        self.completion_tokens += len(ids)
+        text = ""
+        if params.detokenize or without_token_ids:
+            text = self._text.feed(ids, final=output.finish_reason is not None)
+        if self._echo is not None:
+            text, self._echo = self._echo + text, None
+        choice: dict[str, Any] = {
+            "index": 0,
+            "text": text if params.detokenize else "",
+            "token_ids": None if params.detokenize or without_token_ids else ids,
+            "logprobs": self._logprobs(ids) if params.logprobs else None,
+            "finish_reason": output.finish_reason,
+            "stop_reason": output.stop_reason,
+            "avg_decoded_tokens_per_iter": None,
+        }
+        usage = self._usage() if params.continuous_usage else None
+        return frame(self._envelope([choice], usage))
+
+    def usage_frame(self) -> bytes:
+        return frame(self._envelope([], self._usage()))
+
+    def response(self, outputs: Sequence[EngineOutput], response_id: str) -> dict[str, Any]:
+        """The non-streaming `CompletionResponse` for all outputs of a generation."""
+        params = self._params
+        ids = [token for output in outputs for token in output.token_ids]
+        self.completion_tokens = len(ids)
+        text = self._text.feed(ids, final=True) if params.detokenize else ""
+        if self._echo is not None:
+            text = self._echo + text
+        last = outputs[-1]
+        choice = {
+            "index": 0,
+            "text": text,
+            "token_ids": None if params.detokenize else ids,
+            "logprobs": self._logprobs(ids) if params.logprobs else None,
+            "context_logits": None,
+            "finish_reason": last.finish_reason,
+            "stop_reason": last.stop_reason,
+            "disaggregated_params": None,
+            "avg_decoded_tokens_per_iter": None,
+        }
+        return {
+            "id": response_id,
+            "object": "text_completion",
+            "created": self._created,
+            "model": params.model,
+            "choices": [choice],
+            "usage": self._usage(),
+            "prompt_token_ids": None,
+        }
+
+    def _envelope(self, choices: list[dict[str, Any]], usage: Any) -> dict[str, Any]:
+        return {
+            "id": self._id,
+            "object": "text_completion",
+            "created": self._created,
+            "model": self._params.model,
+            "choices": choices,
+            "usage": usage,
+        }
+
+    def _usage(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self._prompt_tokens,
+            "total_tokens": self._prompt_tokens + self.completion_tokens,
+            "completion_tokens": self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": 0},
+        }
+
+    def _logprobs(self, ids: Sequence[int]) -> dict[str, Any]:
+        tokens = [safe_decode(self._encoding, [token]) for token in ids]
+        values = [-0.01 * (1 + token % 50) for token in ids]
+        offsets = []
+        for token in tokens:
+            offsets.append(self._offset)
+            self._offset += len(token)
+        return {
+            "text_offset": offsets,
+            "token_logprobs": values,
+            "tokens": tokens,
+            "top_logprobs": [{t: lp} for t, lp in zip(tokens, values, strict=True)],
+        }
