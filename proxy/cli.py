@@ -54,18 +54,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_simulate(args: argparse.Namespace) -> int:
-    from proxy.simulator.server import main as simulate
-
-    return simulate(args.rest)
-
-
-def _cmd_demo(args: argparse.Namespace) -> int:
-    from proxy.demo import main as demo
-
-    return demo(args.rest)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="responses-repair-proxy",
@@ -79,13 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     config.add_arguments(serve)
     serve.set_defaults(handler=_cmd_serve)
-    for name, handler, text in (
-        ("simulate", _cmd_simulate, "run the trtllm-serve simulator (see --help)"),
-        ("demo", _cmd_demo, "before/after demo with the simulator, no GPU needed (see --help)"),
-    ):
-        sub = commands.add_parser(name, help=text, add_help=False)
-        sub.add_argument("rest", nargs=argparse.REMAINDER)
-        sub.set_defaults(handler=handler)
+    # Listed for --help; `main` hands them their arguments before this parser runs.
+    commands.add_parser("simulate", help="run the trtllm-serve simulator (see simulate --help)")
+    commands.add_parser("demo", help="before/after demo with the simulator, no GPU (demo --help)")
     fetch = commands.add_parser(
         "vocab", help="find or fetch the Harmony vocab (o200k_base.tiktoken), sha256-checked"
     )
@@ -94,6 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `simulate` and `demo` parse their own flags (argparse's REMAINDER would stop at the
+    # first option-looking word and mis-read them).
+    if argv and argv[0] in ("simulate", "demo"):
+        from proxy.demo import main as demo
+        from proxy.simulator.server import main as simulate
+
+        return (simulate if argv[0] == "simulate" else demo)(argv[1:])
     args = build_parser().parse_args(argv)
     result: int = args.handler(args)
     return result

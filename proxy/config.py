@@ -55,6 +55,13 @@ def _non_negative_int(value: str) -> int:
     return number
 
 
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise ValueError("must be 1 or more")
+    return number
+
+
 def _port(value: str) -> int:
     number = int(value)
     if not 0 <= number <= 65535:
@@ -146,7 +153,7 @@ FIELDS: tuple[Field, ...] = (
     Field("log_format", _choice("json", "text"), "json", "one JSON object per line, or text"),
     Field("log_content", _bool, False,
           "debug only: log prompts and outputs (never enable in production)"),
-    Field("simulator_stream_interval", _non_negative_int, 20,
+    Field("simulator_stream_interval", _positive_int, 20,
           "built-in simulator: tokens per engine output after the first (trtllm stream_interval)"),
     Field("simulator_token_seconds", _non_negative_float, 0.01,
           "built-in simulator: seconds per generated token"),

@@ -27,6 +27,7 @@ from openai_harmony import HarmonyEncoding
 from proxy import vocab
 from proxy.app import create_app
 from proxy.config import Settings
+from proxy.server import QuietServer
 from proxy.sse import SSEDecoder
 
 MODEL = "openai/gpt-oss-120b"
@@ -100,10 +101,9 @@ async def running_proxy(upstream_url: str, encoding: HarmonyEncoding) -> AsyncIt
     port = _free_port()
     settings = Settings(upstream_url=upstream_url, host="127.0.0.1", port=port)
     app = create_app(settings, encoding)
-    server = uvicorn.Server(
+    server = QuietServer(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False)
     )
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     task = asyncio.create_task(server.serve())
     while not server.started:
         await asyncio.sleep(0.01)

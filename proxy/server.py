@@ -11,9 +11,11 @@ exits at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
+from collections.abc import Generator
 from types import FrameType
 
 import uvicorn
@@ -30,6 +32,15 @@ from proxy.repair import ServerState
 
 #: Extra seconds uvicorn waits after the drain period for streams to write their last events.
 _DRAIN_GRACE = 5.0
+
+
+class QuietServer(uvicorn.Server):
+    """A uvicorn server that leaves signals alone: a second server in the same process (the
+    metrics port, the demo's proxy) must not take SIGTERM from the main one."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
 
 
 class DrainingServer(uvicorn.Server):
@@ -100,7 +111,7 @@ async def serve(settings: Settings, encoding: HarmonyEncoding, logger: logging.L
     server = DrainingServer(config, state, settings.drain_timeout)
     side = None
     if settings.metrics_port is not None:
-        side = uvicorn.Server(
+        side = QuietServer(
             uvicorn.Config(
                 metrics_app(registry),
                 host=settings.host,
@@ -110,7 +121,6 @@ async def serve(settings: Settings, encoding: HarmonyEncoding, logger: logging.L
                 lifespan="off",
             )
         )
-        side.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     logger.info(
         "serving",
         extra={
