@@ -1,0 +1,79 @@
+"""Real clients through the proxy in front of the simulator: the openai SDK and openai-agents."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+from openai import AsyncOpenAI, OpenAI
+from openai_harmony import HarmonyEncoding
+
+from proxy.app import create_app
+from proxy.config import Settings
+from proxy.simulator.app import create_simulator_app
+from proxy.simulator.config import SimulatorConfig
+from tests.live import LiveServer, wait_for
+
+MODEL = "openai/gpt-oss-120b"
+
+
+@pytest.fixture(scope="module")
+def proxy_url(encoding: HarmonyEncoding) -> Iterator[str]:
+    config = SimulatorConfig(stream_interval=20, token_seconds=0.0005, first_token_seconds=0.001)
+    with LiveServer(create_simulator_app(config, encoding)) as simulator:
+        app = create_app(Settings(upstream_url=simulator.url), encoding)
+        with LiveServer(app) as proxy:
+            assert wait_for(lambda: app.state.proxy.capability.token_ids, 10)
+            yield proxy.url + "/v1"
+
+
+def test_sdk_stream_helper_long_answer_with_unicode(proxy_url: str) -> None:
+    client = OpenAI(base_url=proxy_url, api_key="x", _strict_response_validation=True)
+    with client.responses.stream(
+        model=MODEL,
+        input="Tell me about 東京 and café culture ☕",
+        extra_headers={"X-Sim-Tokens": "600"},
+    ) as stream:
+        deltas = [event.delta for event in stream if event.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert final.status == "completed"
+    assert "".join(deltas) == final.output_text
+    assert len(final.output_text) > 200
+    assert [item.type for item in final.output] == ["reasoning", "message"]
+    assert final.usage is not None
+    assert final.usage.output_tokens >= 500
+
+
+def test_openai_agents_runs_a_function_tool_through_the_proxy(proxy_url: str) -> None:
+    import agents  # the openai-agents package (dev set)
+
+    agents.set_tracing_disabled(True)
+    calls: list[str] = []
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """Current weather for a city."""
+        calls.append(city)
+        return f"It is sunny and 21 °C in {city}."
+
+    async def run() -> tuple[object, object]:
+        async with AsyncOpenAI(base_url=proxy_url, api_key="x") as client:
+            agent = agents.Agent(
+                name="weather",
+                instructions="Use the tool to answer.",
+                tools=[get_weather],
+                model=agents.OpenAIResponsesModel(model=MODEL, openai_client=client),
+            )
+            result = await agents.Runner.run(agent, "What's the weather in Paris?")
+            streamed = agents.Runner.run_streamed(agent, "And in Tokyo?")
+            async for _ in streamed.stream_events():
+                pass
+            return result.final_output, streamed.final_output
+
+    final, streamed_final = asyncio.run(run())
+    assert len(calls) == 2  # one tool call per run, made by the model through the proxy
+    assert isinstance(final, str)
+    assert "21" in final  # the answer used the tool's output
+    assert isinstance(streamed_final, str)
+    assert streamed_final
