@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 
+import httpx
+import orjson
 import pytest
 from openai import AsyncOpenAI, OpenAI
 from openai_harmony import HarmonyEncoding
@@ -19,13 +21,23 @@ MODEL = "openai/gpt-oss-120b"
 
 
 @pytest.fixture(scope="module")
-def proxy_url(encoding: HarmonyEncoding) -> Iterator[str]:
+def servers(encoding: HarmonyEncoding) -> Iterator[tuple[str, str]]:
     config = SimulatorConfig(stream_interval=20, token_seconds=0.0005, first_token_seconds=0.001)
     with LiveServer(create_simulator_app(config, encoding)) as simulator:
         app = create_app(Settings(upstream_url=simulator.url), encoding)
         with LiveServer(app) as proxy:
             assert wait_for(lambda: app.state.proxy.capability.token_ids, 10)
-            yield proxy.url + "/v1"
+            yield simulator.url, proxy.url + "/v1"
+
+
+@pytest.fixture
+def proxy_url(servers: tuple[str, str]) -> str:
+    return servers[1]
+
+
+@pytest.fixture
+def simulator_url(servers: tuple[str, str]) -> str:
+    return servers[0]
 
 
 def test_sdk_stream_helper_long_answer_with_unicode(proxy_url: str) -> None:
@@ -77,3 +89,29 @@ def test_openai_agents_runs_a_function_tool_through_the_proxy(proxy_url: str) ->
     assert "21" in final  # the answer used the tool's output
     assert isinstance(streamed_final, str)
     assert streamed_final
+
+
+def _chat_chunks(url: str) -> list[dict[str, object]]:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi there"}], "stream": True}
+    with httpx.stream("POST", url + "/chat/completions", json=body, timeout=30) as answer:
+        assert answer.status_code == 200
+        assert answer.headers["content-type"].startswith("text/event-stream")
+        raw = b"".join(answer.iter_raw())
+    chunks = []
+    for block in raw.split(b"\n\n"):
+        if block.startswith(b"data: {"):
+            chunk = orjson.loads(block[6:])
+            chunk.pop("id", None)
+            chunk.pop("created", None)
+            chunks.append(chunk)
+    assert raw.endswith(b"data: [DONE]\n\n")
+    return chunks
+
+
+def test_chat_completion_stream_passes_through_unchanged(
+    proxy_url: str, simulator_url: str
+) -> None:
+    direct = _chat_chunks(simulator_url + "/v1")
+    proxied = _chat_chunks(proxy_url)
+    assert proxied == direct
+    assert len(proxied) > 3

@@ -152,3 +152,16 @@ def test_token_ids_that_are_no_u32_are_dropped_and_counted(encoding: HarmonyEnco
     response = assert_well_formed(events)
     assert response["output"][0]["content"][0]["text"] == "Hi there"
     assert stream.record().malformed == {"invalid_token_id": 2}
+
+
+@pytest.mark.parametrize("token", [200002, 200012, 200005, 200007, 976, 0])
+@pytest.mark.parametrize("finish", ["stop", "length"])
+def test_single_token_responses(encoding: HarmonyEncoding, token: int, finish: str) -> None:
+    for chunks in ([[token]], [[], [token], []]):
+        events, stream = run(encoding, chunks, finish)
+        response = assert_well_formed(events)
+        assert response["output"] == []
+        assert response["usage"]["output_tokens"] == 1
+        validate_events(events)
+        malformed = stream.record().malformed
+        assert malformed == ({"incomplete_header": 1} if finish == "stop" else {})
