@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP_INSTALL := $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt
 
-.PHONY: install run test lint check vocab bench clean
+.PHONY: install run test lint check vocab tools deploy-check bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,7 +20,14 @@ vocab: install
 run: vocab
 	$(PY) -m proxy serve $(ARGS)
 
-test: vocab
+# Prometheus (Debian's package) for the end-to-end metrics test; kubectl is expected on PATH.
+tools:
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null || { \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update -qq && \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
+
+test: vocab tools
 	$(PY) -m coverage run -m pytest $(PYTEST_ARGS)
 	$(PY) -m coverage report
 
@@ -29,7 +36,10 @@ lint: install
 	$(PY) -m ruff check proxy tests bench
 	$(PY) -m mypy --strict proxy
 
-check: lint test
+deploy-check: install tools
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" scripts/check-deploy
+
+check: lint test deploy-check
 
 clean:
 	rm -rf $(VENV) .coverage .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -80,6 +80,8 @@ def create_app(
     registry = registry or CollectorRegistry()
     metrics = Metrics(registry, models=settings.metrics_models, harmony_version=_harmony_version())
     state = state or ServerState()
+    # Read at scrape time, also by the separate metrics port's app.
+    metrics.draining.set_function(lambda: 1.0 if state.draining else 0.0)
     log_to = logger or get_logger()
 
     def log(message: str, **fields: Any) -> None:
@@ -106,6 +108,8 @@ def create_app(
             capability = await upstream.probe()
             state.capability = capability
             metrics.upstream_capable.set(1 if capability.token_ids else 0)
+            # /readyz refines this on every probe of the kubelet; without one it stays current.
+            metrics.ready.set(1 if capability.token_ids and not state.draining else 0)
             if capability != last:
                 level = logging.INFO if capability.token_ids else logging.WARNING
                 log_to.log(
@@ -233,7 +237,6 @@ def create_app(
         return JSONResponse(body, status_code=200 if ready else 503)
 
     async def prometheus(request: Request) -> Response:
-        metrics.draining.set(1 if state.draining else 0)
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     app = Starlette(

@@ -23,6 +23,10 @@ OUTCOMES = (
     "client_disconnect",
     "rejected",
 )
+#: Where a client went away (`Exchange.phase`, the app's body read, pass-through).
+DISCONNECT_PHASES = ("before_upstream", "before_first_token", "streaming", "passthrough")
+#: Upstream timeouts: before its first token, between frames, before its response headers.
+TIMEOUT_KINDS = ("first_token", "idle", "first_byte")
 
 _FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 _TTFT = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -81,7 +85,7 @@ class Metrics:
             "proxy_tokens", "Generated tokens by channel", ["channel"], registry=r
         )
         self.tokens_per_frame = Histogram(
-            "proxy_tokens_per_frame",
+            "proxy_upstream_frame_tokens",
             "Tokens per upstream frame (stream_interval and speculative decoding at work)",
             buckets=_TOKENS_PER_FRAME,
             registry=r,
@@ -165,10 +169,18 @@ class Metrics:
         self.draining = Gauge("proxy_draining", "1 after SIGTERM", registry=r)
         build = Gauge("proxy_build_info", "Build information", ["version", "harmony"], registry=r)
         build.labels(__version__, harmony_version).set(1)
-        for outcome in OUTCOMES:  # export zeros, so rates and ratios exist from the start
-            self.requests.labels("responses", "true", outcome, "other")
-        self.selfcheck_failures.inc(0)
-        self.unpatched_text_differs.inc(0)  # fmt: skip
+        # Export zeros for the fixed label sets, so that rates, ratios and alerts have series
+        # from the first scrape instead of "no data" until the first event of each kind
+        # (unlabelled metrics export their 0 by themselves).
+        for stream in ("true", "false"):
+            for outcome in OUTCOMES:
+                self.requests.labels("responses", stream, outcome, "other")
+        for phase in DISCONNECT_PHASES:
+            self.disconnects.labels(phase)
+        for kind in TIMEOUT_KINDS:
+            self.timeouts.labels(kind)
+        for status_class in ("2xx", "4xx", "5xx"):
+            self.passthrough.labels(status_class)
 
     def model_label(self, model: str) -> str:
         return model if model in self._models else "other"
