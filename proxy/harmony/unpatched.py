@@ -50,6 +50,7 @@ succeed; when it cannot, the ids are parsed again for upstream's exact error.
 from __future__ import annotations
 
 import json
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -132,10 +133,12 @@ class UnpatchedStream:
         self._parser = StreamableParser(encoding, role=Role.ASSISTANT)
         # Given a role, the parser starts inside the first message's header.
         self._state = _HEADER
-        self._content: list[int] = []  # content ids of the open message
+        # Ids as 4-byte machine words: a Python list of ints costs ~36 bytes per id, and a
+        # proxy holds these for every open stream.
+        self._content = array("I")  # content ids of the open message
         self._messages: list[_Message] = []  # parser.messages, kept as they close
         self._rejected = False  # the parser rejected an id at some point
-        self._tokens: list[int] = []  # final_res.outputs[0].token_ids
+        self._tokens = array("I")  # final_res.outputs[0].token_ids
         self._seq = 0
         self._output_index = 0
         self._item_added = False
@@ -161,8 +164,8 @@ class UnpatchedStream:
         self._advance("started", "started")
         if self.aborted is not None:
             return []
-        self._tokens.extend(token_ids)
         try:
+            self._tokens.extend(token_ids)
             rejected = self._parse(token_ids)
             events = self._emit(rejected)
         except (OverflowError, HarmonyError) as exc:
@@ -223,7 +226,7 @@ class UnpatchedStream:
                         self._state = _HEADER
                     elif token == MESSAGE:
                         self._state = _CONTENT
-                        self._content = []
+                        self._content = array("I")
                 elif token not in MESSAGE_ENDS:
                     process(token)
                     self._content.append(token)
@@ -239,14 +242,14 @@ class UnpatchedStream:
                 return True
         return False
 
-    def _message(self, content: list[int]) -> _Message:
+    def _message(self, content: Sequence[int]) -> _Message:
         """The open message as the parser will close it (one read per message)."""
         parser = self._parser
         assistant = parser.current_role == Role.ASSISTANT
         channel, recipient = parser.current_channel, parser.current_recipient
         return _Message(assistant, channel, recipient, self._decode(content))
 
-    def _decode(self, content: list[int]) -> str:
+    def _decode(self, content: Sequence[int]) -> str:
         """The text the parser gives a closed message (lossy UTF-8 of its content ids)."""
         try:
             return self._encoding.decode(content)
