@@ -28,15 +28,16 @@ class OpenItem:
     __slots__ = (
         "call_id",
         "channel",
+        "chunks",
         "done_item",
-        "flushed",
         "item_id",
         "kind",
         "name",
         "namespace",
         "output_index",
-        "parts",
+        "pending",
         "phase",
+        "text_tokens",
         "tokens",
     )
 
@@ -60,27 +61,35 @@ class OpenItem:
         self.name = name
         self.namespace = namespace
         self.call_id = call_id
-        self.parts: list[str] = []
-        self.flushed = 0  # parts[:flushed] have gone out as delta events
+        # Text as it went out: one string per flush, compacted, so an open stream holds a few
+        # strings rather than one small object per token (memory per stream, issue 7).
+        self.chunks: list[str] = []
+        self.pending: list[str] = []  # deltas since the last flush
+        self.text_tokens = 0  # tokens that gave text: one delta each at one delta per token
         self.tokens = 0
         self.done_item: ev.Item = {}
 
     def add(self, delta: str) -> None:
-        self.parts.append(delta)
+        self.pending.append(delta)
+        self.text_tokens += 1
 
     def take_pending(self) -> str:
         """The text added since the last call (one coalesced delta), or ""."""
-        parts, start = self.parts, self.flushed
-        self.flushed = len(parts)
-        if start == len(parts) or self.kind == ev.WEB_SEARCH_CALL:
-            return ""  # a web search streams no text, only its lifecycle
-        if start + 1 == len(parts):
-            return parts[start]  # the common case at one token per frame: no join
-        return "".join(parts[start:])
+        pending = self.pending
+        if not pending:
+            return ""
+        text = pending[0] if len(pending) == 1 else "".join(pending)
+        pending.clear()
+        chunks = self.chunks
+        chunks.append(text)
+        if len(chunks) >= 32:
+            chunks[:] = ["".join(chunks)]
+        # A web search streams no text, only its lifecycle; its text is kept for the action.
+        return "" if self.kind == ev.WEB_SEARCH_CALL else text
 
     @property
     def text(self) -> str:
-        return "".join(self.parts)
+        return "".join(self.chunks) + "".join(self.pending)
 
     def delta_event(self, text: str) -> ev.Event:
         return ev.delta(self.kind, self.output_index, self.item_id, text)

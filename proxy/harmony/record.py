@@ -14,6 +14,7 @@ for the same chunks (issue 2's definition):
 
 from __future__ import annotations
 
+import zlib
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -71,6 +72,26 @@ class RepairRecord:
         return self.unpatched_text_differs or any(self.recovered_events.values())
 
 
+class _Digest:
+    """CRC-32 and length of a text fed in pieces: equal digests, equal texts (for a metric)."""
+
+    __slots__ = ("crc", "length")
+
+    def __init__(self) -> None:
+        self.crc = 0
+        self.length = 0
+
+    def add(self, text: str) -> None:
+        data = text.encode("utf-8", "surrogatepass")
+        self.crc = zlib.crc32(data, self.crc)
+        self.length += len(data)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Digest) and (self.crc, self.length) == (other.crc, other.length)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 class Tally:
     """Running counts of one stream; `record()` freezes them."""
 
@@ -78,11 +99,10 @@ class Tally:
         "chars",
         "content_tokens",
         "emitted_events",
-        "final_text",
         "frames",
         "items",
+        "own_text",
         "per_token_deltas",
-        "reasoning_text",
         "reasoning_tokens",
         "tokens",
         "tokens_by_channel",
@@ -102,12 +122,13 @@ class Tally:
         self.chars: Counter[str] = Counter()
         self.emitted_events: Counter[str] = Counter()
         self.per_token_deltas: Counter[str] = Counter()
-        self.reasoning_text: list[str] = []
-        self.final_text: list[str] = []
+        # Texts compared as (CRC-32, length) of their UTF-8, fed incrementally: the unpatched
+        # stream's deltas need not be kept (one small string per token would be).
+        self.own_text = {REASONING_CHANNEL: _Digest(), FINAL_CHANNEL: _Digest()}
         self.unpatched_events: Counter[str] = Counter()
         self.unpatched_chars: Counter[str] = Counter()
         self.unpatched_tokens: Counter[str] = Counter()
-        self.unpatched_text: dict[str, list[str]] = {REASONING_CHANNEL: [], FINAL_CHANNEL: []}
+        self.unpatched_text = {REASONING_CHANNEL: _Digest(), FINAL_CHANNEL: _Digest()}
 
     def emitted(self, event_type: str) -> None:
         self.emitted_events[event_type] += 1
@@ -117,16 +138,16 @@ class Tally:
         text = item.text
         self.items[item.kind] += 1
         self.tokens_by_channel[channel] += item.tokens
-        self.content_tokens[channel] += len(item.parts)  # one part per token that gave text
+        self.content_tokens[channel] += item.text_tokens  # one part per token that gave text
         self.chars[channel] += len(text)
         delta_type = ev.DELTA_TYPE.get(item.kind)
         if delta_type is not None:
-            self.per_token_deltas[delta_type] += len(item.parts)
+            self.per_token_deltas[delta_type] += item.text_tokens
         if channel == REASONING_CHANNEL:
             self.reasoning_tokens += item.tokens
-            self.reasoning_text.append(text)
+            self.own_text[channel].add(text)
         elif channel == FINAL_CHANNEL:
-            self.final_text.append(text)
+            self.own_text[channel].add(text)
 
     def unpatched(self, events: Iterable[ev.Event]) -> None:
         for event in events:
@@ -137,7 +158,7 @@ class Tally:
                 text = event["delta"]
                 self.unpatched_chars[channel] += len(text)
                 self.unpatched_tokens[channel] += 1
-                self.unpatched_text[channel].append(text)
+                self.unpatched_text[channel].add(text)
 
     def record(
         self,
@@ -171,9 +192,7 @@ class Tally:
         recovered_events = {
             kind: max(0, repaired[kind] - self.unpatched_events[kind]) for kind in sorted(kinds)
         }
-        differs = "".join(self.unpatched_text[REASONING_CHANNEL]) != "".join(
-            self.reasoning_text
-        ) or "".join(self.unpatched_text[FINAL_CHANNEL]) != "".join(self.final_text)
+        differs = self.unpatched_text != self.own_text
         return RepairRecord(
             **base,
             compared=True,
