@@ -145,6 +145,7 @@ def create_app(
             return
         try:
             raw = await inbound.body(settings.max_body_bytes)
+            asgi.require_json(scope)
             body = parse_body(raw)
         except asgi.ClientDisconnected:
             metrics.disconnects.labels("before_upstream").inc()

@@ -58,6 +58,36 @@ async def read_body(receive: Receive, limit: int) -> bytes:
             return b"".join(chunks)
 
 
+def require_json(scope: Scope) -> None:
+    """ClientError 415 unless the request says its body is UTF-8 JSON, or says nothing.
+
+    trtllm-serve (FastAPI) parses a body as JSON only without a Content-Type or with a JSON one,
+    and rejects the rest; so does the proxy, with a message naming the type (issue 7: a
+    `text/plain` or form-encoded body used to be served as if it were JSON).
+    """
+    for name, value in scope["headers"]:
+        if name != b"content-type":
+            continue
+        media, _, params = value.decode("latin-1").partition(";")
+        media = media.strip().lower()
+        charset = ""
+        for param in params.split(";"):
+            key, _, val = param.partition("=")
+            if key.strip().lower() == "charset":
+                charset = val.strip().strip('"').lower()
+        is_json = media == "application/json" or (
+            media.startswith("application/") and media.endswith("+json")
+        )
+        if not is_json or charset not in ("", "utf-8", "utf8"):
+            raise ClientError(
+                f"Content-Type {value.decode('latin-1')[:100]!r} is not supported: send the "
+                "request body as JSON with Content-Type: application/json (UTF-8)",
+                status=415,
+                code="unsupported_media_type",
+            )
+        return
+
+
 class ClientDisconnected(Exception):
     """The client closed the connection; nothing can be sent any more."""
 

@@ -91,6 +91,8 @@ class Exchange:
     error_code: str | None = None
     first_content: float | None = None
     snapshot: dict[str, Any] | None = None
+    #: The client has its whole answer (the terminal event, or the JSON body).
+    delivered: bool = False
 
     def __post_init__(self) -> None:
         deps, prepared = self.deps, self.prepared
@@ -124,6 +126,8 @@ class Exchange:
                         )
             except _End as end:
                 await self._write(send, end.events)
+            else:
+                await _release(frames)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def answer(self, send: Send) -> None:
@@ -141,17 +145,22 @@ class Exchange:
                 message = end.events[-2]["message"]
                 status = 504 if self.error_code == "upstream_timeout" else 502
                 raise UpstreamError(message, status=status, code=self.error_code) from None
+            await _release(frames)
         assert self.snapshot is not None
         await asgi.send_json(
             send, 200, self.snapshot, [(b"x-request-id", self.request_id.encode())]
         )
+        self.delivered = True
 
     # -- the pump ---------------------------------------------------------------------------
 
     def _upstream(self) -> Any:
+        # The client's own X-Request-Id is replaced by ours (the same when it was a sane one),
+        # as on the pass-through route: never two of them, never the client's junk, upstream.
+        headers = [(n, v) for n, v in self.headers if n.lower() != asgi.REQUEST_ID]
         return self.deps.upstream.completion_stream(
             self.prepared.completion_body,
-            [*self.headers, (asgi.REQUEST_ID, self.request_id)],
+            [*headers, (asgi.REQUEST_ID, self.request_id)],
             timeout=self.deps.settings.first_token_timeout,
         )
 
@@ -239,6 +248,7 @@ class Exchange:
         await send(
             {"type": "http.response.body", "body": sse.encode_all(events), "more_body": True}
         )
+        self.delivered = self.core.ended
 
     def _note(self, events: list[dict[str, Any]]) -> None:
         if self.first_content is None and any(e["type"].endswith(".delta") for e in events):
@@ -250,6 +260,27 @@ class Exchange:
 
 
 _TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
+#: After the finish frame upstream still sends the usage frame and `[DONE]` (at once, in
+#: trtllm-serve's generator). Reading them, within these bounds, lets httpx put the connection
+#: back into its pool; closing a response with unread body closes the connection instead, and
+#: every request paid a new TCP connection to upstream (found by bench/latency.py, issue 7).
+_RELEASE_SECONDS = 0.1
+_RELEASE_FRAMES = 4
+
+
+async def _release(frames: AsyncIterator[Frame]) -> None:
+    """Read the rest of a finished upstream stream (bounded) so its connection can be reused.
+    The client already has its terminal event; only the end of its body waits for this.
+    Whatever goes wrong here only means the connection is closed instead."""
+    try:
+        async with asyncio.timeout(_RELEASE_SECONDS):
+            count = 0
+            async for _ in frames:
+                count += 1
+                if count > _RELEASE_FRAMES:
+                    return
+    except (TimeoutError, FrameError):
+        return
 
 
 async def serve_repaired(
@@ -327,15 +358,23 @@ async def serve_repaired(
         except OSError:  # the client's socket died mid-send
             disconnected = True
         else:
-            status = exchange.core.record().status
-            outcome = status if status in ("completed", "incomplete", "failed") else "failed"
-        if disconnected:
+            outcome = _outcome(exchange)
+        if disconnected and exchange.delivered:
+            # The client had its whole answer and hung up while upstream's tail was read
+            # (`_release`): a finished response, not a disconnect.
+            outcome = _outcome(exchange)
+        elif disconnected:
             outcome = "client_disconnect"
             metrics.disconnects.labels(exchange.phase).inc()
     finally:
         state.in_flight -= 1
         metrics.in_flight.dec()
     _finish(deps, exchange, outcome, stream_label, model, started)
+
+
+def _outcome(exchange: Exchange) -> str:
+    status = exchange.core.record().status
+    return status if status in ("completed", "incomplete", "failed") else "failed"
 
 
 def _finish(

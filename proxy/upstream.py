@@ -42,6 +42,11 @@ _REPLACED = ("content-type", "content-length", "content-encoding", "accept", "ac
 #: A frame larger than this is not a trtllm frame: fail instead of buffering without bound.
 MAX_FRAME_BYTES = 8 * 1024 * 1024
 _ERROR_BODY_LIMIT = 64 * 1024
+#: Seconds an idle upstream connection is kept for reuse. Below the 5 s after which uvicorn
+#: (trtllm-serve's server) closes idle connections: at httpx's default, also 5 s, a request
+#: could be written into a connection the server was closing, and failed with a ReadError
+#: (502) under load (tests/test_reliability_load.py, issue 7).
+KEEPALIVE_EXPIRY = 2.0
 
 
 def end_to_end(
@@ -85,7 +90,11 @@ class Upstream:
             transport=transport,
             # Reads are timed by the caller (first token, idle between frames): no total timeout.
             timeout=httpx.Timeout(connect=connect_timeout, read=None, write=60.0, pool=None),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+            limits=httpx.Limits(
+                max_connections=None,
+                max_keepalive_connections=256,
+                keepalive_expiry=KEEPALIVE_EXPIRY,
+            ),
             follow_redirects=False,
         )
 
@@ -104,12 +113,17 @@ class Upstream:
         request = self._client.build_request(
             "POST",
             "/v1/completions",
-            content=orjson.dumps(body),
-            headers=[
-                *end_to_end(headers, drop=_REPLACED),
-                ("content-type", "application/json"),
-                ("accept", "text/event-stream"),
-            ],
+            # A copy of exact size: orjson's result keeps its whole write buffer (16 KB for a
+            # short prompt), and httpx holds the content for the life of the stream — 16 KB of
+            # every open stream's memory (measured with tracemalloc, issue 7).
+            content=memoryview(orjson.dumps(body)).tobytes(),
+            headers=_wire(
+                [
+                    *end_to_end(headers, drop=_REPLACED),
+                    ("content-type", "application/json"),
+                    ("accept", "text/event-stream"),
+                ]
+            ),
         )
         response = await self._send(request, timeout)
         try:
@@ -197,13 +211,21 @@ class Upstream:
     ) -> AsyncIterator[httpx.Response]:
         """Send a request through unchanged (pass-through) and yield upstream's streamed answer."""
         request = self._client.build_request(
-            method, target, headers=end_to_end(headers), content=body
+            method, target, headers=_wire(end_to_end(headers)), content=body
         )
         response = await self._send(request, timeout)
         try:
             yield response
         finally:
             await response.aclose()
+
+
+def _wire(headers: Iterable[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
+    """Header values as the bytes the client sent. They reach us decoded as Latin-1 (HTTP allows
+    any octet above 0x7F in a value); handed to httpx as `str` they would be encoded as ASCII,
+    and a client's `X-Custom: café` raised UnicodeEncodeError: a 500 (found by
+    tests/test_reliability_input.py, issue 7)."""
+    return [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers]
 
 
 async def _check_status(response: httpx.Response) -> None:

@@ -1,0 +1,203 @@
+"""Benchmark 2, added latency: direct from the simulator's /v1/completions, through a plain byte
+relay on the same stack (bench/byte_relay.py), and through the proxy's /v1/responses.
+
+    .venv/bin/python bench/latency.py [--repeats 40] [--tokens 300]
+
+The simulator is paced like a fast GPU (2 ms per token, `stream_interval` 20, 20 ms to the first
+token) and runs in this process on core 1 with the load generator; the relay and the proxy run
+as their own processes on core 0, one at a time in use. Requests go round-robin (direct, relay,
+proxy), so drift hits all three alike; the same prompt ids reach the simulator on every path.
+
+- time to first event: request written → the first thing the client can act on: the answer's
+  head for /v1/completions (the simulator sends it at once), `response.created` for the proxy
+  (which it sends as soon as upstream accepted the request).
+- per-frame latency: for every read that carries content (a token frame; a delta or the final
+  events), the time since the simulator handed the engine output that caused it to its server
+  (stamped by an ASGI wrapper; `time.monotonic` is one clock for all processes on Linux).
+
+"Added" is a path's median minus the direct median. Targets (issue 7): the proxy's added time to
+first event < 1 ms p50; its added per-frame latency at most 1.2 times the byte relay's.
+The first frame carries one token (`<|channel|>`), which has no text: on every path the first
+text arrives with the second frame, so "first content" is not a like-for-like comparison; the
+per-frame figures are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import bisect
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import harness
+from proxy.harmony.request import prepare_request
+from proxy.simulator import SimulatorConfig, create_simulator_app, start_simulator
+
+PATHS = ("direct", "relay", "proxy")
+
+
+@dataclass
+class Samples:
+    first_event: list[float] = field(default_factory=list)
+    first_content: list[float] = field(default_factory=list)
+    per_frame: list[float] = field(default_factory=list)
+    errors: int = 0
+
+
+def _content_read(path: str, data: bytes) -> bool:
+    if path == "proxy":
+        return b'.delta"' in data or b'.done"' in data or b"response.completed" in data
+    return b'"token_ids":[' in data and b'"token_ids":[]' not in data
+
+
+def analyse(
+    path: str, answer: harness.Answer, sends: list[tuple[float, bool]], out: Samples
+) -> None:
+    if answer.status != 200 or answer.error:
+        out.errors += 1
+        return
+    token_sends = [t for t, tokens in sends if tokens]
+    if path == "proxy":
+        created = next((t for t, d in answer.reads if b"response.created" in d), None)
+        if created is None:
+            out.errors += 1
+            return
+        out.first_event.append(max(created, answer.head_at) - answer.sent_at)
+    else:
+        out.first_event.append(answer.head_at - answer.sent_at)
+    first = True
+    for at, data in answer.reads:
+        if not _content_read(path, data):
+            continue
+        index = bisect.bisect_right(token_sends, at) - 1
+        if index < 0:
+            continue
+        if first and (path != "proxy" or b'.delta"' in data):
+            out.first_content.append(at - answer.sent_at)
+            first = False
+        out.per_frame.append(at - token_sends[index])
+
+
+async def run(args: argparse.Namespace) -> None:
+    encoding = harness.encoding()
+    pinned = harness.pin_self(harness.BENCH_CORE)
+    harness.raise_fd_limit()
+    config = SimulatorConfig(
+        token_seconds=0.002,
+        first_token_seconds=0.02,
+        stream_interval=20,
+        record_limit=100_000,
+    )
+    recorder = harness.SendRecorder(create_simulator_app(config, encoding))
+    sim = await start_simulator(config, encoding, app=recorder)  # type: ignore[arg-type]
+    relay = await harness.start_relay(sim.url)
+    proxy = await harness.start_proxy(sim.url)
+    body = {"model": harness.MODEL, "input": "Where is my order #W2378156?", "stream": True}
+    completion = orjson.dumps(prepare_request(body, encoding).completion_body)
+    responses = orjson.dumps(body)
+    ports = {"direct": sim.port, "relay": relay.port, "proxy": proxy.port}
+    targets = {"direct": "/v1/completions", "relay": "/v1/completions", "proxy": "/v1/responses"}
+    payloads = {"direct": completion, "relay": completion, "proxy": responses}
+    samples = {path: Samples() for path in PATHS}
+    sim_headers = {"x-sim-tokens": str(args.tokens)}
+    try:
+        for path in PATHS:  # warm up every path (connections, caches)
+            for number in range(3):
+                payload = harness.request_bytes(
+                    targets[path],
+                    payloads[path],
+                    {**sim_headers, "x-request-id": f"w{path}{number}"},
+                )
+                await harness.stream(ports[path], payload)
+        for repeat in range(args.repeats):
+            order = PATHS[repeat % 3 :] + PATHS[: repeat % 3]
+            for path in order:
+                rid = f"b-{path}-{repeat}"
+                payload = harness.request_bytes(
+                    targets[path], payloads[path], {**sim_headers, "x-request-id": rid}
+                )
+                answer = await harness.stream(ports[path], payload)
+                analyse(path, answer, recorder.sends.get(rid, []), samples[path])
+    finally:
+        proxy.stop()
+        relay.stop()
+        await sim.stop()
+    report(samples, args, pinned)
+
+
+def report(samples: dict[str, Samples], args: argparse.Namespace, pinned: bool) -> None:
+    ms = 1000.0
+    direct = samples["direct"]
+    print(f"# bench/latency.py — {harness.machine()}")
+    print(
+        f"# simulator: 2 ms/token, first token 20 ms, stream_interval 20, ~{args.tokens} tokens; "
+        f"{args.repeats} requests per path"
+    )
+    rows = []
+    for path in PATHS:
+        s = samples[path]
+        rows.append(
+            [
+                path,
+                len(s.first_event),
+                f"{harness.median(s.first_event) * ms:.3f}",
+                f"{harness.pct(s.first_event, 0.99) * ms:.3f}",
+                f"{(harness.median(s.first_event) - harness.median(direct.first_event)) * ms:+.3f}",
+                f"{harness.median(s.first_content) * ms:.2f}",
+                len(s.per_frame),
+                f"{harness.median(s.per_frame) * ms:.3f}",
+                f"{harness.pct(s.per_frame, 0.99) * ms:.3f}",
+                f"{(harness.median(s.per_frame) - harness.median(direct.per_frame)) * ms:+.3f}",
+                s.errors,
+            ]
+        )
+    print(
+        harness.table(
+            [
+                "path",
+                "requests",
+                "first event p50 ms",
+                "p99 ms",
+                "added p50 ms",
+                "first content p50 ms",
+                "frames",
+                "per-frame p50 ms",
+                "p99 ms",
+                "added p50 ms",
+                "errors",
+            ],
+            rows,
+        )
+    )
+    added_ttfe = harness.median(samples["proxy"].first_event) - harness.median(direct.first_event)
+    added_proxy = harness.median(samples["proxy"].per_frame) - harness.median(direct.per_frame)
+    added_relay = harness.median(samples["relay"].per_frame) - harness.median(direct.per_frame)
+    ratio = added_proxy / added_relay if added_relay > 0 else float("nan")
+    print()
+    print(
+        f"proxy added time to first event (p50): {added_ttfe * ms:.3f} ms "
+        f"(target < 1 ms: {'met' if added_ttfe < 0.001 else 'MISSED'})"
+    )
+    print(
+        f"proxy added per-frame latency (p50): {added_proxy * ms:.3f} ms = {ratio:.2f} × the byte "
+        f"relay's {added_relay * ms:.3f} ms (target ≤ 1.2×: {'met' if ratio <= 1.2 else 'MISSED'})"
+    )
+    if not pinned:
+        print("note: fewer than 2 cores: processes were not pinned")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=40)
+    parser.add_argument("--tokens", type=int, default=300)
+    asyncio.run(run(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
