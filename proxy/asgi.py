@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Iterable
 from typing import Any
 
 import orjson
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from proxy.errors import ClientError, ProxyError
 
@@ -90,6 +90,29 @@ def require_json(scope: Scope) -> None:
 
 class ClientDisconnected(Exception):
     """The client closed the connection; nothing can be sent any more."""
+
+
+class SendTimeout(OSError):
+    """The client accepted nothing for the send timeout: treated as gone (an OSError, like a
+    dead socket), so its upstream request — a GPU slot — is released."""
+
+
+def with_send_timeout(send: Send, seconds: float) -> Send:
+    """`send`, failing with SendTimeout when one message waits longer than `seconds`.
+
+    A client that stops reading fills the socket buffers, then uvicorn's `send` waits (the
+    backpressure that keeps memory bounded); without a bound it would hold its upstream
+    request, and a drain, forever.
+    """
+
+    async def timed(message: Message) -> None:
+        try:
+            async with asyncio.timeout(seconds):
+                await send(message)
+        except TimeoutError:
+            raise SendTimeout(f"the client accepted nothing for {seconds:g} s") from None
+
+    return timed
 
 
 async def send_json(

@@ -134,6 +134,9 @@ FIELDS: tuple[Field, ...] = (
           "(prefill of long prompts under load)"),
     Field("idle_timeout", _positive_float, 120.0,
           "seconds allowed between two upstream frames once tokens flow"),
+    Field("send_timeout", _positive_float, 60.0,
+          "seconds a client may accept nothing (not reading) before its stream is dropped "
+          "and its upstream request released"),
     Field("keepalive_interval", _positive_float, 15.0,
           "seconds of silence after which a `: keepalive` SSE comment is sent"),
     Field("drain_timeout", _positive_float, 30.0,
@@ -173,6 +176,7 @@ class Settings:
     connect_timeout: float = 5.0
     first_token_timeout: float = 300.0
     idle_timeout: float = 120.0
+    send_timeout: float = 60.0
     keepalive_interval: float = 15.0
     drain_timeout: float = 30.0
     max_body_bytes: int = 16 * 1024 * 1024

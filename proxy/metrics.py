@@ -25,8 +25,10 @@ OUTCOMES = (
 )
 #: Where a client went away (`Exchange.phase`, the app's body read, pass-through).
 DISCONNECT_PHASES = ("before_upstream", "before_first_token", "streaming", "passthrough")
+#: The client side: a client that accepted nothing for `send_timeout`.
+CLIENT_TIMEOUT = "client_send"
 #: Upstream timeouts: before its first token, between frames, before its response headers.
-TIMEOUT_KINDS = ("first_token", "idle", "first_byte")
+TIMEOUT_KINDS = ("first_token", "idle", "first_byte", CLIENT_TIMEOUT)
 
 _FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 _TTFT = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)

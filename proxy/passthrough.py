@@ -14,7 +14,7 @@ from starlette.types import Scope, Send
 
 from proxy import asgi
 from proxy.errors import ProxyError
-from proxy.metrics import Metrics
+from proxy.metrics import CLIENT_TIMEOUT, Metrics
 from proxy.upstream import Upstream, end_to_end
 
 
@@ -46,6 +46,7 @@ async def forward(
     metrics: Metrics,
     request_id: str,
     timeout: float,
+    send_timeout: float,
     max_body_bytes: int,
     log: Callable[..., None],
     started: float,
@@ -65,6 +66,7 @@ async def forward(
             await inbound.body(max_body_bytes)  # consume the (empty) request message
     content = body if body is not None else inbound.stream_body(max_body_bytes)
     status = 502
+    timed_send = asgi.with_send_timeout(send, send_timeout)
 
     async def relay() -> None:
         nonlocal status
@@ -78,12 +80,12 @@ async def forward(
                 if name.lower() != asgi.REQUEST_ID
             ]
             response_headers.append((b"x-request-id", request_id.encode()))
-            await send(
+            await timed_send(
                 {"type": "http.response.start", "status": status, "headers": response_headers}
             )
             async for chunk in answer.aiter_raw():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await timed_send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await timed_send({"type": "http.response.body", "body": b"", "more_body": False})
 
     disconnected = False
     try:
@@ -93,6 +95,9 @@ async def forward(
         await asgi.send_error(send, error, [(b"x-request-id", request_id.encode())])
     except asgi.ClientDisconnected:
         disconnected = True
+    except asgi.SendTimeout:
+        disconnected = True
+        metrics.timeouts.labels(CLIENT_TIMEOUT).inc()
     if disconnected:
         metrics.disconnects.labels("passthrough").inc()
     metrics.passthrough.labels(f"{status // 100}xx").inc()

@@ -35,7 +35,7 @@ from proxy.errors import ClientError, ProxyError, UpstreamError
 from proxy.harmony.request import PreparedRequest, prepare_request
 from proxy.harmony.response import IdFactory, ResponseContext
 from proxy.harmony.stream import ResponseStream
-from proxy.metrics import Metrics
+from proxy.metrics import CLIENT_TIMEOUT, Metrics
 from proxy.selfcheck import SelfCheck
 from proxy.upstream import Capability, Upstream
 
@@ -342,7 +342,8 @@ async def serve_repaired(
     disconnected = False
     try:
         try:
-            work = exchange.stream(send) if stream else exchange.answer(send)
+            timed_send = asgi.with_send_timeout(send, settings.send_timeout)
+            work = exchange.stream(timed_send) if stream else exchange.answer(timed_send)
             disconnected = await asgi.run_until_disconnect(inbound, work)
         except ProxyError as error:  # before the first byte: an HTTP error
             exchange.status = error.status
@@ -355,8 +356,10 @@ async def serve_repaired(
                     if kind == "timeout":
                         metrics.timeouts.labels("first_byte").inc()
             await asgi.send_error(send, error, id_header)
-        except OSError:  # the client's socket died mid-send
+        except OSError as exc:  # the client's socket died mid-send, or it stopped reading
             disconnected = True
+            if isinstance(exc, asgi.SendTimeout):
+                metrics.timeouts.labels(CLIENT_TIMEOUT).inc()
         else:
             outcome = _outcome(exchange)
         if disconnected and exchange.delivered:

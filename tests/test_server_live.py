@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -486,3 +487,29 @@ def test_metrics_count_outcomes_and_recovery(
     assert 'proxy_recovered_chars_total{channel="final"}' in text
     assert "proxy_selfcheck_failures_total 0.0" in text
     assert "proxy_streams_in_flight 0.0" in text
+
+
+def test_a_client_that_stops_reading_is_dropped_after_the_send_timeout(
+    upstream: tuple[UpstreamDouble, LiveServer], double: UpstreamDouble, encoding: HarmonyEncoding
+) -> None:
+    proxy = start_proxy(upstream[1].url, encoding, send_timeout=0.5)
+    header = ids_of(encoding, "<|channel|>final<|message|>")
+    spaces = [72056] * 1000  # 128 spaces each: 8 MB of text, more than every socket buffer
+    double.script = [("frame", header, None, None)] + [("frame", spaces, None, None)] * 64
+    double.script.append(("sleep", 30.0))
+    payload = orjson.dumps({"model": MODEL, "input": "Hi", "stream": True})
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    try:
+        sock.connect(("127.0.0.1", proxy.port))
+        sock.sendall(
+            b"POST /v1/responses HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(payload), payload)
+        )  # ... and never read
+        assert wait_for(lambda: bool(double.completions()) and double.completions()[-1].ended, 10)
+        assert double.completions()[-1].disconnected  # upstream released
+        metrics = httpx.get(proxy.url + "/metrics").text
+        assert 'proxy_timeouts_total{kind="client_send"} 1.0' in metrics
+    finally:
+        sock.close()
+        proxy.__exit__()

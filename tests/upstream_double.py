@@ -8,6 +8,7 @@ every request and when its client (the proxy) went away.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -106,8 +107,16 @@ class UpstreamDouble:
         )
         self.seen.append(seen)
         watcher = asyncio.ensure_future(self._watch(receive, seen))
+        route = asyncio.ensure_future(self._route(scope, seen, send))
         try:
-            await self._route(scope, seen, send)
+            # like trtllm-serve, abort the generation when the client (the proxy) goes away
+            await asyncio.wait({route, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if not route.done():
+                route.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await route
+            else:
+                await route
         finally:
             seen.ended = seen.ended or time.monotonic()
             watcher.cancel()

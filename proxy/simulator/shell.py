@@ -151,8 +151,9 @@ class Exchange:
         if self._due is None:
             self._due = now
         self._due += seconds
-        if self._due > now:
-            await asyncio.sleep(self._due - now)
+        # Always yield, even when no time is due: with zero pacing `send` into a closed
+        # connection returns at once and the disconnect watcher would never get to run.
+        await asyncio.sleep(max(0.0, self._due - now))
 
     async def sleep(self, seconds: float) -> None:
         """Send nothing for `seconds` (a stall); the engine's schedule resumes afterwards."""
