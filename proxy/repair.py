@@ -372,7 +372,7 @@ async def serve_repaired(
     finally:
         state.in_flight -= 1
         metrics.in_flight.dec()
-    _finish(deps, exchange, outcome, stream_label, model, started)
+    _finish(deps, exchange, outcome, stream_label, model, started, body)
 
 
 def _outcome(exchange: Exchange) -> str:
@@ -387,6 +387,7 @@ def _finish(
     stream_label: str,
     model: str,
     started: float,
+    body: dict[str, Any],
 ) -> None:
     metrics = deps.metrics
     record = exchange.core.record()
@@ -395,8 +396,14 @@ def _finish(
     metrics.observe_record(record)
     if exchange.selfcheck.problem is not None and exchange.core.ended:
         metrics.selfcheck_failures.inc()
+    # Content only when an operator asked for it (a debug setting): never by default.
+    content: dict[str, Any] = {}
+    if deps.settings.log_content:
+        snapshot = exchange.snapshot or {}
+        content = {"request_body": body, "output": snapshot.get("output")}
     deps.log(
         "request",
+        **content,
         request_id=exchange.request_id,
         route="/v1/responses",
         model=model,

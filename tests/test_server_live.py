@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import socket
 import time
 from collections.abc import Iterator
@@ -513,3 +514,33 @@ def test_a_client_that_stops_reading_is_dropped_after_the_send_timeout(
     finally:
         sock.close()
         proxy.__exit__()
+
+
+def test_content_is_logged_only_when_asked(
+    upstream: tuple[UpstreamDouble, LiveServer],
+    double: UpstreamDouble,
+    encoding: HarmonyEncoding,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="responses_repair_proxy")
+    secret = "my-secret-question-42"
+    for log_content in (False, True):
+        caplog.clear()
+        proxy = start_proxy(upstream[1].url, encoding, log_content=log_content)
+        try:
+            double.script = script_for(ids_of(encoding, ANSWER))
+            post(
+                proxy,
+                {"model": MODEL, "input": secret, "stream": True},
+                headers={"Authorization": "Bearer sk-never-logged"},
+            )
+        finally:
+            proxy.__exit__()
+        (line,) = [r for r in caplog.records if r.getMessage() == "request"]
+        fields = vars(line)
+        assert fields["outcome"] == "completed"
+        assert fields["request_id"]
+        text = repr(fields)
+        assert "sk-never-logged" not in text
+        assert (secret in text) is log_content
+        assert ("How can I help you today" in text) is log_content
