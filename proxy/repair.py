@@ -111,6 +111,8 @@ class Exchange:
 
     async def stream(self, send: Send) -> None:
         headers = [*asgi.SSE_HEADERS, (b"x-request-id", self.request_id.encode())]
+        # make the parsers while upstream reads the request (they cost ~0.35 ms)
+        asyncio.get_running_loop().call_soon(self.core.warm_up)
         async with self._upstream() as frames:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             self.phase = "before_first_token"
@@ -132,6 +134,8 @@ class Exchange:
 
     async def answer(self, send: Send) -> None:
         """`stream: false`: the same path, answered with the terminal snapshot as JSON."""
+        # make the parsers while upstream reads the request (they cost ~0.35 ms)
+        asyncio.get_running_loop().call_soon(self.core.warm_up)
         async with self._upstream() as frames:
             self.phase = "before_first_token"
             self.selfcheck.observe(self.core.start())
@@ -231,6 +235,7 @@ class Exchange:
                 if events:
                     yield events
                     deps.metrics.frame_overhead.observe(deps.monotonic() - arrived)
+                    core.account()  # the recovery accounting, once the events are out
         finally:
             force_end.cancel()
             if pending is not None:

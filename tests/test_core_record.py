@@ -99,3 +99,24 @@ def test_comparison_can_be_switched_off(encoding: HarmonyEncoding) -> None:
     assert not record.compared
     assert record.recovered_events == {}
     assert not record.repaired
+
+
+def test_accounting_after_every_frame_or_only_at_the_end_agrees(encoding: HarmonyEncoding) -> None:
+    from proxy.harmony.response import CountingIds
+    from proxy.harmony.stream import ResponseStream
+    from tests.harmony import context
+
+    chunks = chunks_of(ids("s5_reasoning_preamble_final"), [3])
+    records = []
+    for eager in (True, False):
+        stream = ResponseStream(encoding, context(), CountingIds())
+        stream.warm_up()
+        stream.start()
+        for chunk in chunks:
+            stream.feed(chunk)
+            if eager:
+                stream.account()
+        stream.finish("stop")
+        records.append(stream.record())
+    assert records[0] == records[1]
+    assert records[0].recovered_chars["commentary"] > 0

@@ -45,7 +45,7 @@ import contextlib
 from collections import Counter
 from collections.abc import Sequence
 from enum import Enum
-from typing import Any
+from typing import Any, cast
 
 from openai_harmony import HarmonyEncoding, HarmonyError, Role, StreamableParser
 
@@ -55,6 +55,9 @@ from proxy.harmony.items import OpenItem, classify
 from proxy.harmony.record import RepairRecord, Tally
 from proxy.harmony.response import IdFactory, ResponseContext, random_id, response_object
 from proxy.harmony.unpatched import UnpatchedStream
+
+#: Stands for "not made yet" (see `warm_up`); typed as a parser so the hot path needs no check.
+_NO_PARSER: StreamableParser = cast(StreamableParser, object())
 
 
 class StreamStateError(RuntimeError):
@@ -94,7 +97,10 @@ class ResponseStream:
     ) -> None:
         self._ctx = ctx
         self._ids = ids
-        self._parser = StreamableParser(encoding, Role.ASSISTANT)
+        self._encoding = encoding
+        # Parsers cost ~170 µs each to make: `warm_up()` makes them, ideally while upstream is
+        # thinking about the request (the shell schedules it); `feed` makes them if needed.
+        self._parser: StreamableParser = _NO_PARSER
         self._log = ev.EventLog()
         self._phase = _Phase.NEW
         self._parse = _HEADER
@@ -105,7 +111,13 @@ class ResponseStream:
         self._malformed: Counter[str] = Counter()
         # The model of the unpatched upstream runs on the same chunks to account for what the
         # repair recovered (issue: "from it, the core reports what the unpatched stream lost").
-        self._unpatched = UnpatchedStream(encoding, ctx, random_id) if compare_unpatched else None
+        self._compare = compare_unpatched
+        self._unpatched: UnpatchedStream | None = None
+        # What it has not seen yet: fed by `account()`, which the shell calls after a frame's
+        # events are written, so the comparison is never on the latency path.
+        self._backlog: list[Sequence[int]] = []
+        self._backlog_start = compare_unpatched
+        self._backlog_end: tuple[str, int | None] | None = None
         self._status = "in_progress"
         self._finish_reason: str | None = None
 
@@ -118,20 +130,20 @@ class ResponseStream:
         snapshot = self._snapshot()
         self._emit(ev.response_event("response.created", snapshot))
         self._emit(ev.response_event("response.in_progress", self._snapshot()))
-        if self._unpatched is not None:
-            self._tally.unpatched(self._unpatched.start())
         return self._log.take()
 
     def feed(self, token_ids: Sequence[int]) -> list[ev.Event]:
         """Parse one upstream frame's token ids; return the events they complete."""
         self._require(_Phase.STREAMING, "feed")
+        if self._parser is _NO_PARSER:
+            self.warm_up()
         self._tally.frames += 1
         for token in token_ids:
             self._token(token)
         if self._open is not None:
             self._flush(self._open)
-        if self._unpatched is not None:
-            self._tally.unpatched(self._unpatched.feed(token_ids))
+        if self._compare:
+            self._backlog.append(token_ids)  # a reference: callers pass frames they keep as is
         return self._log.take()
 
     def finish(
@@ -169,8 +181,8 @@ class ResponseStream:
             self._status = "completed"
             terminal = ev.response_event("response.completed", self._snapshot(output_tokens))
         self._emit(terminal)
-        if self._unpatched is not None:
-            self._tally.unpatched(self._unpatched.finish(finish_reason, _as_int(stop_reason)))
+        if self._compare:
+            self._backlog_end = (finish_reason, _as_int(stop_reason))
         self._phase = _Phase.ENDED
         return self._log.take()
 
@@ -185,14 +197,44 @@ class ResponseStream:
     def ended(self) -> bool:
         return self._phase is _Phase.ENDED
 
+    def warm_up(self) -> None:
+        """Make the parsers now (idempotent): schedule it to overlap with upstream's latency."""
+        if self._parser is _NO_PARSER:
+            self._parser = StreamableParser(self._encoding, Role.ASSISTANT)
+        if self._compare and self._unpatched is None:
+            self._unpatched = UnpatchedStream(self._encoding, self._ctx, random_id)
+
+    def account(self) -> None:
+        """Bring the comparison with the unpatched upstream up to date (cheap when it is).
+
+        The shell calls it after writing a frame's events; `record()` calls it too, so the
+        accounting is complete whenever it is read.
+        """
+        if not self._compare:
+            return
+        self.warm_up()
+        unpatched = self._unpatched
+        assert unpatched is not None  # made by warm_up
+        tally = self._tally
+        if self._backlog_start:
+            self._backlog_start = False
+            tally.unpatched(unpatched.start())
+        for chunk in self._backlog:
+            tally.unpatched(unpatched.feed(chunk))
+        self._backlog.clear()
+        if self._backlog_end is not None:
+            tally.unpatched(unpatched.finish(*self._backlog_end))
+            self._backlog_end = None
+
     def record(self) -> RepairRecord:
         """What happened so far, as data for metrics and logs."""
+        self.account()
         return self._tally.record(
             status=self._status,
             finish_reason=self._finish_reason,
             output=self._output,
             malformed=self._malformed,
-            compared=self._unpatched is not None,
+            compared=self._compare,
         )
 
     # -- the per-token state machine -----------------------------------------------------------
@@ -304,8 +346,9 @@ class ResponseStream:
         if self._parse is _HEADER and self._message_tokens and self._finish_reason != _LENGTH:
             self._malformed["incomplete_header"] += 1
         # EOS inside a header is the only case the parser rejects, and it is counted above.
-        with contextlib.suppress(HarmonyError):
-            self._parser.process_eos()
+        if self._parser is not _NO_PARSER:
+            with contextlib.suppress(HarmonyError):
+                self._parser.process_eos()
 
     def _fail(self, code: str, message: str, output_tokens: int | None) -> list[ev.Event]:
         if self._open is not None:
