@@ -37,27 +37,6 @@ def request_id(scope: Scope) -> str:
     return uuid.uuid4().hex
 
 
-async def read_body(receive: Receive, limit: int) -> bytes:
-    """The whole request body, or ClientError 413 as soon as it exceeds `limit` bytes."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientDisconnected("client went away while sending the request")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if limit and size > limit:
-            raise ClientError(
-                f"request body exceeds the limit of {limit} bytes",
-                status=413,
-                code="request_too_large",
-            )
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
 def require_json(scope: Scope) -> None:
     """ClientError 415 unless the request says its body is UTF-8 JSON, or says nothing.
 
@@ -154,13 +133,7 @@ class Inbound:
 
     async def body(self, limit: int) -> bytes:
         """The whole body (413 above `limit`)."""
-        try:
-            return await read_body(self._receive, limit)
-        except ClientDisconnected:
-            self.disconnected.set()
-            raise
-        finally:
-            self.body_done.set()
+        return b"".join([chunk async for chunk in self.stream_body(limit)])
 
     async def stream_body(self, limit: int) -> AsyncIterator[bytes]:
         """The body as it arrives; raises ClientError 413 past `limit`, ClientDisconnected."""
