@@ -192,7 +192,7 @@ class Exchange:
                     waiting, timeout=wait, return_when=asyncio.FIRST_COMPLETED
                 )
                 if force_end in done:
-                    self._fail("server_shutting_down", "the proxy is shutting down")
+                    self._fail(_SHUTTING_DOWN, "the proxy is shutting down")
                 if pending not in done:
                     if deps.monotonic() >= deadline:
                         deps.metrics.timeouts.labels(timeout_kind).inc()
@@ -231,7 +231,8 @@ class Exchange:
                         timeout_kind = "idle"
                 if frame.finish_reason is not None:
                     events += core.finish(frame.finish_reason, frame.stop_reason)
-                deadline = arrived + settings.idle_timeout
+                if timeout_kind == "idle":  # empty frames do not end the wait for a first token
+                    deadline = arrived + settings.idle_timeout
                 if events:
                     yield events
                     deps.metrics.frame_overhead.observe(deps.monotonic() - arrived)
@@ -243,8 +244,9 @@ class Exchange:
 
     def _fail(self, code: str, message: str) -> None:
         self.error_code = code
-        kind = "timeout" if code == "upstream_timeout" else code
-        self.deps.metrics.upstream_errors.labels(kind).inc()
+        if code != _SHUTTING_DOWN:  # our own drain, not upstream's fault
+            kind = "timeout" if code == "upstream_timeout" else code
+            self.deps.metrics.upstream_errors.labels(kind).inc()
         raise _End(self.core.fail(code, message))
 
     async def _write(self, send: Send, events: list[dict[str, Any]]) -> None:
@@ -264,6 +266,7 @@ class Exchange:
             self.snapshot = last["response"]
 
 
+_SHUTTING_DOWN = "server_shutting_down"
 _TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 #: After the finish frame upstream still sends the usage frame and `[DONE]` (at once, in
 #: trtllm-serve's generator). Reading them, within these bounds, lets httpx put the connection
