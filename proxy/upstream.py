@@ -1,5 +1,9 @@
-"""The one HTTP client to trtllm-serve: token-id completion streams, the capability probe, and
+"""The proxy's side of trtllm-serve: token-id completion streams, the capability probe, and
 requests passed through untouched.
+
+The completion stream of every repaired request, the one call that runs per upstream frame, goes
+through the lean HTTP/1.1 client of `proxy.upstream_stream` (issue 7: less CPU per frame and
+memory per open stream than httpx); the probe, `/health` and pass-through use httpx.
 
 Errors before the first byte become `UpstreamError`/`ClientError` (an HTTP error for our client);
 errors once frames flow become `FrameError` (the shell turns them into `response.failed`).
@@ -11,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterable, Mapping
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +25,7 @@ import orjson
 from proxy.completions import Frame, FrameError, error_message, parse_frame
 from proxy.errors import ClientError, UpstreamError
 from proxy.sse import SSEDecoder
+from proxy.upstream_stream import ConnectTimeout, Response, StreamClient, StreamError
 
 #: Hop-by-hop headers (RFC 9110 §7.6.1) and those httpx sets itself: never forwarded.
 HOP_BY_HOP = frozenset(
@@ -75,7 +80,9 @@ class Capability:
 
 
 class Upstream:
-    """trtllm-serve at `base_url`; the transport is injectable (tests, the in-process simulator)."""
+    """trtllm-serve at `base_url`. The streamed `/v1/completions` of repaired requests goes
+    through the lean `StreamClient` (`streams`, injectable); everything else through httpx,
+    whose `transport` is injectable (tests, the in-process simulator)."""
 
     def __init__(
         self,
@@ -83,6 +90,7 @@ class Upstream:
         *,
         connect_timeout: float,
         transport: httpx.AsyncBaseTransport | None = None,
+        streams: StreamClient | None = None,
     ) -> None:
         self.base_url = base_url
         self._client = httpx.AsyncClient(
@@ -97,8 +105,19 @@ class Upstream:
             ),
             follow_redirects=False,
         )
+        if streams is None:
+            # httpx's certificate store for an https upstream: both clients trust the same.
+            tls = httpx.create_ssl_context() if base_url.startswith("https:") else None
+            streams = StreamClient(
+                base_url,
+                connect_timeout=connect_timeout,
+                keepalive_expiry=KEEPALIVE_EXPIRY,
+                ssl_context=tls,
+            )
+        self._streams = streams
 
     async def aclose(self) -> None:
+        await self._streams.aclose()
         await self._client.aclose()
 
     @asynccontextmanager
@@ -109,35 +128,62 @@ class Upstream:
 
         Raises `ClientError` (upstream's 4xx, passed on), `UpstreamError` (unreachable: 502,
         no answer within `timeout`: 504, 5xx or not an event stream: 502) before the first frame.
+        The frames raise `FrameError` when the connection breaks or a frame is oversize.
         """
-        request = self._client.build_request(
-            "POST",
-            "/v1/completions",
-            # A copy of exact size: orjson's result keeps its whole write buffer (16 KB for a
-            # short prompt), and httpx holds the content for the life of the stream — 16 KB of
-            # every open stream's memory (measured with tracemalloc, issue 7).
-            content=memoryview(orjson.dumps(body)).tobytes(),
-            headers=_wire(
-                [
-                    *end_to_end(headers, drop=_REPLACED),
-                    ("content-type", "application/json"),
-                    ("accept", "text/event-stream"),
-                ]
-            ),
-        )
-        response = await self._send(request, timeout)
+        response = await self._open(body, headers, timeout)
         try:
             await _check_status(response)
-            content_type = response.headers.get("content-type", "")
+            content_type = response.head.get("content-type")
             if not content_type.startswith("text/event-stream"):
                 raise UpstreamError(
                     f"upstream answered /v1/completions with {content_type or 'no content type'}, "
                     "not an event stream",
                     code="upstream_bad_response",
                 )
+            coding = response.head.get("content-encoding", "identity")
+            if coding.lower() != "identity":
+                raise UpstreamError(
+                    f"upstream answered /v1/completions with content-encoding {coding}",
+                    code="upstream_bad_response",
+                )
             yield _frames(response)
         finally:
-            await response.aclose()
+            response.close()
+
+    async def _open(
+        self, body: Mapping[str, Any], headers: Iterable[tuple[str, str]], timeout: float
+    ) -> Response:
+        """Send the completion request and wait for upstream's head (a separate frame: nothing
+        of the request is kept while the stream is open)."""
+        wire = _wire(
+            [
+                *end_to_end(headers, drop=_REPLACED),
+                ("content-type", "application/json"),
+                ("accept", "text/event-stream"),
+                # No coding we would have to undo (without the header any coding is acceptable).
+                ("accept-encoding", "identity"),
+            ]
+        )
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._streams.send("POST", "/v1/completions", wire, orjson.dumps(body))
+        except TimeoutError:
+            raise UpstreamError(
+                f"upstream did not answer within {timeout:g} s",
+                status=504,
+                code="upstream_timeout",
+            ) from None
+        except ConnectTimeout as exc:
+            raise UpstreamError(
+                f"could not connect to upstream {self.base_url} in time ({type(exc).__name__})",
+                status=504,
+                code="upstream_timeout",
+            ) from exc
+        except StreamError as exc:
+            raise UpstreamError(
+                f"cannot reach upstream {self.base_url}: {type(exc).__name__}",
+                code="upstream_unreachable",
+            ) from exc
 
     async def _send(self, request: httpx.Request, timeout: float) -> httpx.Response:
         try:
@@ -228,16 +274,17 @@ def _wire(headers: Iterable[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
     return [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers]
 
 
-async def _check_status(response: httpx.Response) -> None:
-    if response.status_code == 200:
+async def _check_status(response: Response) -> None:
+    if response.status == 200:
         return
     raw = b""
-    async for chunk in response.aiter_bytes():
-        raw += chunk
-        if len(raw) > _ERROR_BODY_LIMIT:
-            break
+    with suppress(StreamError):  # the status says enough; the message is what came
+        while chunk := await response.read():
+            raw += chunk
+            if len(raw) > _ERROR_BODY_LIMIT:
+                break
     message = error_message(raw)
-    status = response.status_code
+    status = response.status
     if 400 <= status < 500:
         # Upstream judged the request: pass its status and words on (issue 5).
         raise ClientError(
@@ -246,15 +293,15 @@ async def _check_status(response: httpx.Response) -> None:
     raise UpstreamError(f"upstream failed with HTTP {status}: {message}", code="upstream_error")
 
 
-async def _frames(response: httpx.Response) -> AsyncIterator[Frame]:
+async def _frames(response: Response) -> AsyncIterator[Frame]:
     decoder = SSEDecoder()
     try:
-        async for chunk in response.aiter_bytes():
+        while chunk := await response.read():
             for message in decoder.feed(chunk):
                 yield parse_frame(message.data)
             if decoder.pending_bytes > MAX_FRAME_BYTES:
                 raise FrameError("malformed_frame", "upstream frame exceeds 8 MiB")
-    except httpx.TransportError as exc:
+    except StreamError as exc:
         raise FrameError(
             "upstream_disconnected", f"upstream connection broke mid-stream ({type(exc).__name__})"
         ) from exc
