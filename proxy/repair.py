@@ -29,7 +29,7 @@ from openai_harmony import HarmonyEncoding
 from starlette.types import Scope, Send
 
 from proxy import asgi, sse
-from proxy.completions import Frame, FrameError
+from proxy.completions import FrameError
 from proxy.config import Settings
 from proxy.errors import ClientError, ProxyError, UpstreamError
 from proxy.harmony.request import PreparedRequest, prepare_request
@@ -37,7 +37,7 @@ from proxy.harmony.response import IdFactory, ResponseContext
 from proxy.harmony.stream import ResponseStream
 from proxy.metrics import CLIENT_TIMEOUT, Metrics
 from proxy.selfcheck import SelfCheck
-from proxy.upstream import Capability, Upstream
+from proxy.upstream import Capability, Frames, Upstream
 
 _UNKNOWN = Capability(False, False, "upstream not probed yet")
 
@@ -169,31 +169,40 @@ class Exchange:
         )
 
     async def _pump(
-        self, frames: AsyncIterator[Frame], *, keepalive: bool
+        self, frames: Frames, *, keepalive: bool
     ) -> AsyncIterator[list[dict[str, Any]]]:
         """Yield the events of each upstream frame ([] = time for a keepalive) until the core
-        ended; raise `_End` with the failure events when the stream breaks."""
+        ended; raise `_End` with the failure events when the stream breaks.
+
+        The wait for a frame is one `await` under a deadline (`Frames` is cancel-safe), so a
+        frame reaches the core one event-loop wake-up after its bytes: no task or
+        `asyncio.wait` per frame. The drain's end expires the current wait at once."""
         deps, settings, core = self.deps, self.deps.settings, self.core
-        iterator = frames.__aiter__()
-        pending: asyncio.Future[Frame] | None = None
-        force_end = asyncio.ensure_future(deps.state.force_end.wait())
+        force_end = deps.state.force_end
+        timer: asyncio.Timeout | None = None
+
+        def interrupt(_: object) -> None:
+            if timer is not None and not timer.expired():
+                timer.reschedule(asyncio.get_running_loop().time())
+
+        watch = asyncio.ensure_future(force_end.wait())
+        watch.add_done_callback(interrupt)
         deadline = self.started + settings.first_token_timeout
         timeout_kind = "first_token"
         try:
             while not core.ended:
-                if pending is None:
-                    pending = asyncio.ensure_future(iterator.__anext__())
+                if force_end.is_set():
+                    self._fail(_SHUTTING_DOWN, "the proxy is shutting down")
                 now = deps.monotonic()
                 wait = max(0.0, deadline - now)
                 if keepalive:
                     wait = min(wait, settings.keepalive_interval)
-                waiting: set[asyncio.Future[Any]] = {pending, force_end}
-                done, _ = await asyncio.wait(
-                    waiting, timeout=wait, return_when=asyncio.FIRST_COMPLETED
-                )
-                if force_end in done:
-                    self._fail(_SHUTTING_DOWN, "the proxy is shutting down")
-                if pending not in done:
+                try:
+                    async with asyncio.timeout(wait) as timer:
+                        frame = await frames.__anext__()
+                except TimeoutError:
+                    if force_end.is_set():
+                        self._fail(_SHUTTING_DOWN, "the proxy is shutting down")
                     if deps.monotonic() >= deadline:
                         deps.metrics.timeouts.labels(timeout_kind).inc()
                         limit = (
@@ -207,8 +216,6 @@ class Exchange:
                         )
                     yield []
                     continue
-                try:
-                    frame = pending.result()
                 except StopAsyncIteration:
                     self._fail(
                         "upstream_incomplete",
@@ -216,7 +223,8 @@ class Exchange:
                     )
                 except FrameError as exc:
                     self._fail(exc.code, exc.message)
-                pending = None
+                finally:
+                    timer = None
                 arrived = deps.monotonic()
                 if frame.done:
                     self._fail(
@@ -238,9 +246,8 @@ class Exchange:
                     deps.metrics.frame_overhead.observe(deps.monotonic() - arrived)
                     core.account()  # the recovery accounting, once the events are out
         finally:
-            force_end.cancel()
-            if pending is not None:
-                pending.cancel()
+            watch.remove_done_callback(interrupt)
+            watch.cancel()
 
     def _fail(self, code: str, message: str) -> None:
         self.error_code = code
@@ -276,7 +283,7 @@ _RELEASE_SECONDS = 0.1
 _RELEASE_FRAMES = 4
 
 
-async def _release(frames: AsyncIterator[Frame]) -> None:
+async def _release(frames: Frames) -> None:
     """Read the rest of a finished upstream stream (bounded) so its connection can be reused.
     The client already has its terminal event; only the end of its body waits for this.
     Whatever goes wrong here only means the connection is closed instead."""

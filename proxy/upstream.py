@@ -14,6 +14,7 @@ so trtllm-serve stops generating (it aborts a request whose connection closed).
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ import orjson
 
 from proxy.completions import Frame, FrameError, error_message, parse_frame
 from proxy.errors import ClientError, UpstreamError
-from proxy.sse import SSEDecoder
+from proxy.sse import Message, SSEDecoder
 from proxy.upstream_stream import ConnectTimeout, Response, StreamClient, StreamError
 
 #: Hop-by-hop headers (RFC 9110 §7.6.1) and those httpx sets itself: never forwarded.
@@ -123,7 +124,7 @@ class Upstream:
     @asynccontextmanager
     async def completion_stream(
         self, body: Mapping[str, Any], headers: Iterable[tuple[str, str]], *, timeout: float
-    ) -> AsyncIterator[AsyncIterator[Frame]]:
+    ) -> AsyncIterator[Frames]:
         """POST /v1/completions (streaming) and yield its frames.
 
         Raises `ClientError` (upstream's 4xx, passed on), `UpstreamError` (unreachable: 502,
@@ -146,7 +147,7 @@ class Upstream:
                     f"upstream answered /v1/completions with content-encoding {coding}",
                     code="upstream_bad_response",
                 )
-            yield _frames(response)
+            yield Frames(response)
         finally:
             response.close()
 
@@ -293,17 +294,45 @@ async def _check_status(response: Response) -> None:
     raise UpstreamError(f"upstream failed with HTTP {status}: {message}", code="upstream_error")
 
 
-async def _frames(response: Response) -> AsyncIterator[Frame]:
-    decoder = SSEDecoder()
-    try:
-        while chunk := await response.read():
-            for message in decoder.feed(chunk):
-                yield parse_frame(message.data)
-            if decoder.pending_bytes > MAX_FRAME_BYTES:
-                raise FrameError("malformed_frame", "upstream frame exceeds 8 MiB")
-    except StreamError as exc:
-        raise FrameError(
-            "upstream_disconnected", f"upstream connection broke mid-stream ({type(exc).__name__})"
-        ) from exc
-    for message in decoder.flush():
-        yield parse_frame(message.data)
+class Frames:
+    """The frames of one upstream completion stream, in order (an async iterator).
+
+    Not an async generator on purpose: the shell waits for the next frame under a deadline and
+    cancels the wait when it expires (keepalive, idle timeout, shutdown). Cancelling an async
+    generator mid-`await` would end it; here a cancelled `__anext__` loses nothing (the state
+    is in the object, bytes are taken from the connection only once they are here) and the
+    next call goes on where it was. Awaiting it directly costs one event-loop wake-up per
+    frame, where a task per wait cost three (issue 7, per-frame latency).
+    """
+
+    __slots__ = ("_decoder", "_ended", "_pending", "_response")
+
+    def __init__(self, response: Response) -> None:
+        self._response = response
+        self._decoder = SSEDecoder()
+        self._pending: deque[Message] = deque()
+        self._ended = False
+
+    def __aiter__(self) -> Frames:
+        return self
+
+    async def __anext__(self) -> Frame:
+        pending = self._pending
+        while not pending:
+            if self._ended:
+                raise StopAsyncIteration
+            try:
+                chunk = await self._response.read()
+            except StreamError as exc:
+                raise FrameError(
+                    "upstream_disconnected",
+                    f"upstream connection broke mid-stream ({type(exc).__name__})",
+                ) from exc
+            if chunk:
+                pending.extend(self._decoder.feed(chunk))
+                if self._decoder.pending_bytes > MAX_FRAME_BYTES:
+                    raise FrameError("malformed_frame", "upstream frame exceeds 8 MiB")
+            else:
+                self._ended = True
+                pending.extend(self._decoder.flush())
+        return parse_frame(pending.popleft().data)
