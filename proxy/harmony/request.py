@@ -10,9 +10,11 @@ Role.ASSISTANT)` in trtllm's `responses_utils.py`):
     developer  always present: `instructions` (when not null) and the tool namespaces
     input      the items of `input` (request_items.py)
 
-and builds the `/v1/completions` body that asks upstream for the generated token ids of that
-prompt with the sampling upstream's Responses path would use (trtllm-serve.md §2-3). Only fields
-trtllm's `CompletionRequest` knows go into that body: it forbids unknown fields.
+(request_prefix.py: given a `PrefixCache`, the system + developer ids of an agent are rendered
+once and reused, token for token the same) and builds the `/v1/completions` body that asks
+upstream for the generated token ids of that prompt with the sampling upstream's Responses path
+would use (trtllm-serve.md §2-3). Only fields trtllm's `CompletionRequest` knows go into that
+body: it forbids unknown fields.
 
 Sans-IO: no I/O, no logging. Prompts are never put into error messages beyond a short excerpt of
 the offending value.
@@ -24,28 +26,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from openai_harmony import (
-    Conversation,
-    DeveloperContent,
-    HarmonyEncoding,
-    Message,
-    ReasoningEffort,
-    Role,
-    SystemContent,
-)
+from openai_harmony import HarmonyEncoding
 
 from proxy.errors import ClientError
 from proxy.harmony import tokens
 from proxy.harmony.request_fields import Fields, read_fields
 from proxy.harmony.request_items import input_messages
+from proxy.harmony.request_prefix import PrefixCache, render_prompt
 from proxy.harmony.request_text import read_text
 from proxy.harmony.request_tools import ToolSet, read_tools
-
-_EFFORTS = {
-    "low": ReasoningEffort.LOW,
-    "medium": ReasoningEffort.MEDIUM,
-    "high": ReasoningEffort.HIGH,
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,17 +78,34 @@ def parse_body(raw: bytes) -> Any:
     return body
 
 
-def prepare_request(body: Any, encoding: HarmonyEncoding) -> PreparedRequest:
-    """Validate a parsed `/v1/responses` body and render it (module doc); 4xx `ClientError` else."""
+def prepare_request(
+    body: Any, encoding: HarmonyEncoding, *, prefixes: PrefixCache | None = None
+) -> PreparedRequest:
+    """Validate a parsed `/v1/responses` body and render it (module doc); 4xx `ClientError` else.
+
+    `prefixes`: a cache of rendered system + developer messages for `encoding`, owned by whoever
+    owns the encoding; the prompt ids are the same with or without it, only faster on a hit.
+    A cache of another encoding is our misuse: `ValueError`, not a 400.
+    """
+    if prefixes is not None and prefixes.encoding is not encoding:
+        raise ValueError("the prefix cache belongs to another HarmonyEncoding")
     fields = read_fields(body)
     toolset = read_tools(fields.tools)
     text = read_text(fields.text)
-    messages = [
-        _system_message(fields.effort),
-        _developer_message(fields.instructions, toolset),
-        *input_messages(fields.input),
-    ]
-    prompt = _render(encoding, messages)
+    inputs = input_messages(fields.input)
+    try:
+        prompt = render_prompt(
+            encoding, fields.effort, fields.instructions, toolset, inputs, prefixes
+        )
+    except ValueError as exc:
+        # openai-harmony raises ValueError for a conversation it cannot render. check_json has
+        # already excluded every cause we know (NaN, surrogates, nesting past serde's limit), so
+        # this guards the 400-or-nothing contract against causes we do not know yet.
+        raise ClientError(
+            f"The request cannot be rendered as a Harmony prompt: {exc}",
+            param="input",
+            code="invalid_value",
+        ) from exc
     completion_body: dict[str, Any] = {
         "model": fields.model,
         "prompt": prompt,
@@ -128,37 +134,6 @@ def prepare_request(body: Any, encoding: HarmonyEncoding) -> PreparedRequest:
         function_names=toolset.function_names,
         store=fields.store,
     )
-
-
-def _system_message(effort: str | None) -> Message:
-    content = SystemContent.new()
-    if effort is not None:
-        content = content.with_reasoning_effort(_EFFORTS[effort])
-    return Message.from_role_and_content(Role.SYSTEM, content)
-
-
-def _developer_message(instructions: str | None, toolset: ToolSet) -> Message:
-    content = DeveloperContent.new()
-    if instructions is not None:  # upstream: even "" renders an (empty) "# Instructions" section
-        content = content.with_instructions(instructions)
-    for namespace in toolset.namespaces:
-        content = content.with_tools(namespace)
-    return Message.from_role_and_content(Role.DEVELOPER, content)
-
-
-def _render(encoding: HarmonyEncoding, messages: list[Message]) -> list[int]:
-    conversation = Conversation.from_messages(messages)
-    try:
-        return encoding.render_conversation_for_completion(conversation, Role.ASSISTANT)
-    except ValueError as exc:
-        # openai-harmony raises ValueError for a conversation it cannot render. check_json has
-        # already excluded every cause we know (NaN, surrogates, nesting past serde's limit), so
-        # this guards the 400-or-nothing contract against causes we do not know yet.
-        raise ClientError(
-            f"The request cannot be rendered as a Harmony prompt: {exc}",
-            param="input",
-            code="invalid_value",
-        ) from exc
 
 
 def _echo(fields: Fields, toolset: ToolSet, text: dict[str, Any] | None) -> dict[str, Any]:
