@@ -31,6 +31,7 @@ from proxy import asgi, passthrough
 from proxy.config import Settings
 from proxy.errors import ClientError, ProxyError
 from proxy.harmony.request import parse_body
+from proxy.harmony.request_prefix import PrefixCache
 from proxy.harmony.response import IdFactory, random_id
 from proxy.logs import get_logger
 from proxy.metrics import Metrics
@@ -98,6 +99,7 @@ def create_app(
         state=state,
         log=log,
         ids=ids,
+        prefixes=PrefixCache(encoding),
         clock=clock,
         monotonic=monotonic,
     )

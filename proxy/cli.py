@@ -48,7 +48,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     logger = logs.configure(settings.log_level, settings.log_format)
     encoding = _encoding_or_exit()
     try:
-        asyncio.run(server.serve(settings, encoding, logger))
+        with asyncio.Runner(loop_factory=server.loop_factory(settings.event_loop)) as runner:
+            runner.run(server.serve(settings, encoding, logger))
     except KeyboardInterrupt:  # a second Ctrl-C
         return 130
     return 0

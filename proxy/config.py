@@ -152,6 +152,8 @@ FIELDS: tuple[Field, ...] = (
           "coalesce: one delta event per item per upstream frame; per_token: one per token"),
     Field("metrics_models", _names, (),
           "model names allowed as metric label values (others are counted as 'other')"),
+    Field("event_loop", _choice("auto", "uvloop", "asyncio"), "auto",
+          "auto: uvloop when installed (it is in the pinned set), else asyncio's own loop"),
     Field("log_level", _choice("debug", "info", "warning", "error"), "info", "log level"),
     Field("log_format", _choice("json", "text"), "json", "one JSON object per line, or text"),
     Field("log_content", _bool, False,
@@ -184,6 +186,7 @@ class Settings:
     passthrough_when_incapable: bool = False
     delta_mode: str = "coalesce"
     metrics_models: tuple[str, ...] = ()
+    event_loop: str = "auto"
     log_level: str = "info"
     log_format: str = "json"
     log_content: bool = False

@@ -33,6 +33,7 @@ from proxy.completions import FrameError
 from proxy.config import Settings
 from proxy.errors import ClientError, ProxyError, UpstreamError
 from proxy.harmony.request import PreparedRequest, prepare_request
+from proxy.harmony.request_prefix import PrefixCache
 from proxy.harmony.response import IdFactory, ResponseContext
 from proxy.harmony.stream import ResponseStream
 from proxy.metrics import CLIENT_TIMEOUT, Metrics
@@ -64,6 +65,8 @@ class RepairDeps:
     state: ServerState
     log: Callable[..., None]
     ids: IdFactory
+    #: Rendered system + developer prompts, shared by the requests of one app.
+    prefixes: PrefixCache
     clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
 
@@ -316,7 +319,7 @@ async def serve_repaired(
     exchange: Exchange | None = None
     outcome = "client_error"
     try:
-        prepared = prepare_request(body, deps.encoding)
+        prepared = prepare_request(body, deps.encoding, prefixes=deps.prefixes)
         if not state.capability.token_ids:
             raise UpstreamError(
                 f"cannot repair: {state.capability.detail}",

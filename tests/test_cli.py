@@ -44,3 +44,19 @@ def test_demo_json_shows_the_repair() -> None:
     assert after["empty_item_ids"] == 0
     assert demo["proxy_metrics"]["proxy_unpatched_text_differs_total"] == 1
     assert demo["proxy_metrics"]["proxy_items_unannounced_total"] == 1
+
+
+@pytest.mark.parametrize(
+    ("choice", "uvloop"), [("auto", True), ("uvloop", True), ("asyncio", False)]
+)
+def test_serve_runs_on_the_event_loop_setting(choice: str, uvloop: bool) -> None:
+    import asyncio
+
+    from proxy.server import loop_factory
+
+    factory = loop_factory(choice)
+    loop = factory() if factory is not None else asyncio.new_event_loop()
+    try:
+        assert (type(loop).__module__.startswith("uvloop")) is uvloop
+    finally:
+        loop.close()
