@@ -15,6 +15,8 @@ from typing import Any
 
 import uvicorn
 
+from proxy.server import loop_factory
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -42,7 +44,9 @@ class LiveServer:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        self.loop = asyncio.new_event_loop()
+        # The loop `python -m proxy serve` runs on (uvloop), so live tests see what users run.
+        factory = loop_factory("auto")
+        self.loop = factory() if factory is not None else asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)
         try:
             self.loop.run_until_complete(self.server.serve())
