@@ -235,7 +235,6 @@ class Exchange:
                     )
                 events: list[dict[str, Any]] = []
                 if frame.token_ids or frame.finish_reason is None:
-                    deps.metrics.tokens_per_frame.observe(len(frame.token_ids))
                     events = core.feed(frame.token_ids)
                     if frame.token_ids:
                         self.phase = "streaming"
@@ -248,6 +247,8 @@ class Exchange:
                     yield events
                     deps.metrics.frame_overhead.observe(deps.monotonic() - arrived)
                     core.account()  # the recovery accounting, once the events are out
+                if frame.token_ids or frame.finish_reason is None:
+                    deps.metrics.tokens_per_frame.observe(len(frame.token_ids))
         finally:
             watch.remove_done_callback(interrupt)
             watch.cancel()
@@ -260,11 +261,12 @@ class Exchange:
         raise _End(self.core.fail(code, message))
 
     async def _write(self, send: Send, events: list[dict[str, Any]]) -> None:
-        self.selfcheck.observe(events)
-        self._note(events)
         await send(
             {"type": "http.response.body", "body": sse.encode_all(events), "more_body": True}
         )
+        # The check follows what was written, after the bytes are on their way (latency).
+        self.selfcheck.observe(events)
+        self._note(events)
         self.delivered = self.core.ended
 
     def _note(self, events: list[dict[str, Any]]) -> None:
