@@ -175,10 +175,14 @@ async def start_proxy(upstream: str, *, core: int | None = PROXY_CORE, **setting
     return await start_process("proxy", argv, port, core=core, ready_path="/readyz")
 
 
-async def start_relay(upstream: str, *, core: int | None = PROXY_CORE) -> Process:
-    """The plain byte relay (bench/byte_relay.py) against `upstream`, pinned to `core`."""
+async def start_relay(
+    upstream: str, *, core: int | None = PROXY_CORE, client: str = "httpx"
+) -> Process:
+    """The plain byte relay (bench/byte_relay.py, on `client`) against `upstream`, pinned to
+    `core`."""
     port = free_port()
     argv = [str(ROOT / "bench" / "byte_relay.py"), "--upstream", upstream, "--port", str(port)]
+    argv += ["--client", client]
     return await start_process("byte relay", argv, port, core=core, ready_path="/health")
 
 
