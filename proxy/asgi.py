@@ -160,13 +160,14 @@ class Inbound:
             self.body_done.set()
 
     async def wait_disconnect(self) -> None:
-        body = asyncio.ensure_future(self.body_done.wait())
-        gone = asyncio.ensure_future(self.disconnected.wait())
-        try:
-            await asyncio.wait({body, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            body.cancel()
-            gone.cancel()
+        if not self.body_done.is_set():  # a body still streaming (pass-through) has the reader
+            body = asyncio.ensure_future(self.body_done.wait())
+            gone = asyncio.ensure_future(self.disconnected.wait())
+            try:
+                await asyncio.wait({body, gone}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                body.cancel()
+                gone.cancel()
         while not self.disconnected.is_set():
             message = await self._receive()
             if message["type"] == "http.disconnect":

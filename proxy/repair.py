@@ -52,6 +52,15 @@ class ServerState:
     draining: bool = False
     #: Set when the drain period is over: open streams end with `response.failed`.
     force_end: asyncio.Event = field(default_factory=asyncio.Event)
+    #: What wakes each open stream's wait for its next frame when the drain is over (a
+    #: callback per stream, not a task per stream: memory per open stream, issue 7).
+    interrupts: set[Callable[[], None]] = field(default_factory=set)
+
+    def end_all(self) -> None:
+        """The drain period is over: every open stream ends now."""
+        self.force_end.set()
+        for interrupt in list(self.interrupts):
+            interrupt()
 
 
 @dataclass(frozen=True)
@@ -184,12 +193,11 @@ class Exchange:
         force_end = deps.state.force_end
         timer: asyncio.Timeout | None = None
 
-        def interrupt(_: object) -> None:
+        def interrupt() -> None:
             if timer is not None and not timer.expired():
                 timer.reschedule(asyncio.get_running_loop().time())
 
-        watch = asyncio.ensure_future(force_end.wait())
-        watch.add_done_callback(interrupt)
+        deps.state.interrupts.add(interrupt)
         deadline = self.started + settings.first_token_timeout
         timeout_kind = "first_token"
         try:
@@ -250,8 +258,7 @@ class Exchange:
                 if frame.token_ids or frame.finish_reason is None:
                     deps.metrics.tokens_per_frame.observe(len(frame.token_ids))
         finally:
-            watch.remove_done_callback(interrupt)
-            watch.cancel()
+            deps.state.interrupts.discard(interrupt)
 
     def _fail(self, code: str, message: str) -> None:
         self.error_code = code

@@ -60,9 +60,7 @@ class DrainingServer(uvicorn.Server):
         if not self._state.draining and self._loop is not None:
             self._state.draining = True
             loop = self._loop
-            loop.call_soon_threadsafe(
-                loop.call_later, self._drain_timeout, self._state.force_end.set
-            )
+            loop.call_soon_threadsafe(loop.call_later, self._drain_timeout, self._state.end_all)
         super().handle_exit(sig, frame)
 
 
