@@ -94,9 +94,16 @@ class Upstream:
         streams: StreamClient | None = None,
     ) -> None:
         self.base_url = base_url
+        # One certificate store for both clients (httpx's: SSL_CERT_FILE / SSL_CERT_DIR, else
+        # certifi), and no HTTP(S)_PROXY for either: upstream is the server next to us (a
+        # sidecar's localhost, a cluster service), and the completion streams cannot go through
+        # a forward proxy, so nothing else does either.
+        tls = httpx.create_ssl_context() if base_url.startswith("https:") else None
         self._client = httpx.AsyncClient(
             base_url=base_url,
             transport=transport,
+            verify=tls if tls is not None else True,
+            trust_env=False,
             # Reads are timed by the caller (first token, idle between frames): no total timeout.
             timeout=httpx.Timeout(connect=connect_timeout, read=None, write=60.0, pool=None),
             limits=httpx.Limits(
@@ -107,8 +114,6 @@ class Upstream:
             follow_redirects=False,
         )
         if streams is None:
-            # httpx's certificate store for an https upstream: both clients trust the same.
-            tls = httpx.create_ssl_context() if base_url.startswith("https:") else None
             streams = StreamClient(
                 base_url,
                 connect_timeout=connect_timeout,

@@ -526,6 +526,36 @@ async def frames_of(upstream: Upstream, timeout: float = 5.0) -> list[tuple[int,
         return [frame.token_ids async for frame in frames]
 
 
+def test_both_clients_connect_directly_whatever_proxy_the_environment_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A forward proxy that refuses everything: a client that used it would fail.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        refused = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "all_proxy"):
+        monkeypatch.setenv(name, refused)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+
+    async def handle(request: Request, writer: asyncio.StreamWriter) -> bool:
+        if request.head.startswith(b"GET /health"):
+            writer.write(sized(b"", head=b"HTTP/1.1 200 OK\r\n"))
+        else:
+            writer.write(chunked(FRAME, LAST, b"data: [DONE]\n\n"))
+        await writer.drain()
+        return True
+
+    async def run() -> None:
+        async with serving(handle) as server:
+            upstream = Upstream(server.url, connect_timeout=2)
+            assert await upstream.get_health() == 200  # httpx
+            assert await frames_of(upstream) == [(1, 2), (3,), ()]  # the lean client
+            await upstream.aclose()
+
+    asyncio.run(run())
+
+
 def test_completion_stream_frames_and_headers() -> None:
     async def run() -> None:
         async with serving(answer(chunked(FRAME, LAST, b"data: [DONE]\n\n"))) as server:
