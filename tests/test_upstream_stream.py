@@ -6,12 +6,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import orjson
 import pytest
+import trustme
 
 from proxy.completions import FrameError
 from proxy.errors import ClientError, UpstreamError
@@ -552,6 +555,49 @@ def test_both_clients_connect_directly_whatever_proxy_the_environment_names(
             assert await upstream.get_health() == 200  # httpx
             assert await frames_of(upstream) == [(1, 2), (3,), ()]  # the lean client
             await upstream.aclose()
+
+    asyncio.run(run())
+
+
+def test_an_https_upstream_is_verified_against_the_configured_ca(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A private CA, as operators use for in-cluster TLS; both clients trust SSL_CERT_FILE.
+    ca = trustme.CA()
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("localhost").configure_cert(server_context)
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+
+    async def handle(request: Request, writer: asyncio.StreamWriter) -> bool:
+        if request.head.startswith(b"GET /health"):
+            writer.write(sized(b"", head=b"HTTP/1.1 200 OK\r\n"))
+        else:
+            writer.write(chunked(FRAME, LAST))
+        await writer.drain()
+        return True
+
+    async def run() -> None:
+        server = Server(handle)
+        server.server = await asyncio.start_server(server.serve, "127.0.0.1", 0, ssl=server_context)
+        url = f"https://localhost:{server.server.sockets[0].getsockname()[1]}"
+        try:
+            monkeypatch.setenv("SSL_CERT_FILE", str(ca_file))
+            upstream = Upstream(url, connect_timeout=2)
+            assert await upstream.get_health() == 200  # httpx
+            assert await frames_of(upstream) == [(1, 2), (3,)]  # the lean client
+            await upstream.aclose()
+            monkeypatch.delenv("SSL_CERT_FILE")  # certifi's bundle: this CA is unknown
+            upstream = Upstream(url, connect_timeout=2)
+            with pytest.raises(UpstreamError) as caught:
+                await frames_of(upstream)
+            assert caught.value.code == "upstream_unreachable"
+            await upstream.aclose()
+        finally:
+            server.server.close()
+            for task in server.tasks:
+                task.cancel()
+            await asyncio.gather(*server.tasks, return_exceptions=True)
 
     asyncio.run(run())
 
