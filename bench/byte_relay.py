@@ -16,75 +16,73 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 import uvicorn
 from starlette.applications import Starlette
 from starlette.types import Receive, Scope, Send
 
-from proxy.upstream_stream import StreamClient
+from proxy.upstream_stream import Response, StreamClient
 
 _DROP = {b"host", b"content-length", b"transfer-encoding", b"connection"}
 
+Headers = list[tuple[bytes, bytes]]
+#: One upstream exchange: (method, target, headers, body) → status, headers, body chunks.
+Exchange = Callable[
+    [str, str, Headers, bytes],
+    contextlib.AbstractAsyncContextManager[tuple[int, Headers, AsyncIterator[bytes]]],
+]
 
-def create_relay(upstream: str) -> Starlette:
+
+def httpx_exchange(upstream: str) -> tuple[Exchange, Callable[[], Awaitable[None]]]:
     client = httpx.AsyncClient(
         base_url=upstream,
         timeout=httpx.Timeout(connect=5.0, read=None, write=60.0, pool=None),
         limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
     )
 
-    async def relay(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return
-        if scope["path"] == "/health":
-            await send({"type": "http.response.start", "status": 200, "headers": []})
-            await send({"type": "http.response.body", "body": b""})
-            return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        headers = [(k, v) for k, v in scope["headers"] if k not in _DROP]
-        target = scope["raw_path"].decode("latin-1")
-        if scope["query_string"]:
-            target += "?" + scope["query_string"].decode("latin-1")
-        request = client.build_request(scope["method"], target, headers=headers, content=body)
+    @contextlib.asynccontextmanager
+    async def exchange(
+        method: str, target: str, headers: Headers, body: bytes
+    ) -> AsyncIterator[tuple[int, Headers, AsyncIterator[bytes]]]:
+        request = client.build_request(method, target, headers=headers, content=body)
         response = await client.send(request, stream=True)
         try:
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": response.status_code,
-                    "headers": [
-                        (k.encode("latin-1"), v.encode("latin-1"))
-                        for k, v in response.headers.multi_items()
-                        if k.encode() not in _DROP
-                    ],
-                }
-            )
-            async for chunk in response.aiter_raw():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            head = [
+                (k.encode("latin-1"), v.encode("latin-1"))
+                for k, v in response.headers.multi_items()
+            ]
+            yield response.status_code, head, response.aiter_raw()
         finally:
             await response.aclose()
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        yield
-        await client.aclose()
-
-    app = Starlette(lifespan=lifespan)
-    app.mount("/", relay)
-    return app
+    return exchange, client.aclose
 
 
-def create_lean_relay(upstream: str) -> Starlette:
-    """The same relay through the lean client (body bytes, de-chunked, re-chunked by uvicorn)."""
+def lean_exchange(upstream: str) -> tuple[Exchange, Callable[[], Awaitable[None]]]:
     client = StreamClient(upstream, connect_timeout=5.0, keepalive_expiry=4.0)
+
+    async def chunks(response: Response) -> AsyncIterator[bytes]:
+        while chunk := await response.read():
+            yield chunk
+
+    @contextlib.asynccontextmanager
+    async def exchange(
+        method: str, target: str, headers: Headers, body: bytes
+    ) -> AsyncIterator[tuple[int, Headers, AsyncIterator[bytes]]]:
+        response = await client.send(method, target, headers, body)
+        try:
+            head = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.head.headers]
+            yield response.status, head, chunks(response)
+        finally:
+            response.close()
+
+    return exchange, client.aclose
+
+
+def create_relay(upstream: str, client: str = "httpx") -> Starlette:
+    exchange, close = (lean_exchange if client == "lean" else httpx_exchange)(upstream)
 
     async def relay(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -103,29 +101,22 @@ def create_lean_relay(upstream: str) -> Starlette:
         target = scope["raw_path"].decode("latin-1")
         if scope["query_string"]:
             target += "?" + scope["query_string"].decode("latin-1")
-        response = await client.send(scope["method"], target, headers, body)
-        try:
+        async with exchange(scope["method"], target, headers, body) as (status, head, chunks):
             await send(
                 {
                     "type": "http.response.start",
-                    "status": response.status,
-                    "headers": [
-                        (k.encode("latin-1"), v.encode("latin-1"))
-                        for k, v in response.head.headers
-                        if k.encode() not in _DROP
-                    ],
+                    "status": status,
+                    "headers": [(k, v) for k, v in head if k.lower() not in _DROP],
                 }
             )
-            while chunk := await response.read():
+            async for chunk in chunks:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
-        finally:
-            response.close()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
-        await client.aclose()
+        await close()
 
     app = Starlette(lifespan=lifespan)
     app.mount("/", relay)
@@ -138,9 +129,8 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8090)
     parser.add_argument("--client", choices=("httpx", "lean"), default="httpx")
     args = parser.parse_args()
-    create = create_lean_relay if args.client == "lean" else create_relay
     uvicorn.run(
-        create(args.upstream),
+        create_relay(args.upstream, args.client),
         host="127.0.0.1",
         port=args.port,
         log_level="warning",
