@@ -5,9 +5,11 @@ latency benchmark (a frame every 40 ms), versus back to back (as in bench/core_t
 
 For each piece of the proxy's per-frame path it prints the median time for one 20-token frame,
 warm (no gap) and after sleeping `--gap-ms` before each frame, and the ratio. The pieces:
+SSE-decoding and parsing the upstream frame (the floor of any proxy that reads token ids),
 `StreamableParser.process` for 20 tokens (openai-harmony, the floor of any re-parse),
 `ResponseStream.feed` (the whole core for the frame; the recovery accounting runs off the
-clock, after the frame, as in the proxy), and, for scale, a fixed pure-Python loop
+clock, after the frame, as in the proxy), encoding one delta event (the floor of any proxy
+that writes Responses events), and, for scale, a fixed pure-Python loop
 and a `decode` of 20 tokens. Run pinned to one core (it pins itself to core 0 when it can).
 """
 
@@ -23,13 +25,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import orjson
 from openai_harmony import HarmonyEncoding, Role, StreamableParser
 
 from bench.core_throughput import response_ids
 from bench.harness import encoding as load_encoding
 from bench.harness import table
+from proxy import sse
+from proxy.completions import parse_frame
 from proxy.harmony.response import ResponseContext, random_id
 from proxy.harmony.stream import ResponseStream
+from proxy.sse import SSEDecoder
 
 FRAME = 20
 
@@ -47,8 +53,10 @@ def timed(
     for chunk in chunks:
         if gap:
             time.sleep(gap)
+        prepare = getattr(step, "prepare", None)
+        arg = prepare(chunk) if prepare is not None else chunk
         start = time.perf_counter()
-        step(chunk)
+        step(arg)
         samples.append(time.perf_counter() - start)
         after = getattr(step, "after", None)
         if after is not None:
@@ -92,10 +100,46 @@ def pieces(encoding: HarmonyEncoding) -> dict[str, Callable[[], Callable[[list[i
 
         return step
 
+    def frame_in() -> Callable[[list[int]], object]:
+        # What every proxy that reads token ids does first: SSE-decode and parse the frame.
+        decoder = SSEDecoder()
+
+        def step(wire: bytes) -> object:
+            return [parse_frame(message.data) for message in decoder.feed(wire)]
+
+        def wire(chunk: list[int]) -> bytes:  # upstream's bytes, made before the clock starts
+            choice = {"index": 0, "text": "", "token_ids": chunk, "finish_reason": None}
+            payload = {"id": "cmpl-1", "choices": [choice], "usage": None}
+            return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+        step.prepare = wire  # type: ignore[attr-defined]
+        return step  # type: ignore[return-value]
+
+    def events_out() -> Callable[[list[int]], object]:
+        # What every proxy that writes Responses events does last: encode the frame's delta.
+        def step(chunk: list[int]) -> bytes:
+            return sse.encode_all(
+                [
+                    {
+                        "type": "response.output_text.delta",
+                        "item_id": "msg_0123456789abcdef",
+                        "output_index": 1,
+                        "content_index": 0,
+                        "delta": "x" * 4 * len(chunk),
+                        "logprobs": [],
+                        "sequence_number": 42,
+                    }
+                ]
+            )
+
+        return step
+
     return {
+        "SSE decode + parse_frame": frame_in,
         "StreamableParser.process × 20": parser,
         "ResponseStream.feed": core,
         "encoding.decode(20 tokens)": decode,
+        "encode one delta event": events_out,
         "pure-Python loop (2,000 adds)": python_loop,
     }
 
