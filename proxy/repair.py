@@ -50,15 +50,15 @@ class ServerState:
     capability: Capability = _UNKNOWN
     in_flight: int = 0
     draining: bool = False
-    #: Set when the drain period is over: open streams end with `response.failed`.
-    force_end: asyncio.Event = field(default_factory=asyncio.Event)
+    #: True once the drain period is over: open streams end with `response.failed`.
+    force_end: bool = False
     #: What wakes each open stream's wait for its next frame when the drain is over (a
     #: callback per stream, not a task per stream: memory per open stream, issue 7).
     interrupts: set[Callable[[], None]] = field(default_factory=set)
 
     def end_all(self) -> None:
         """The drain period is over: every open stream ends now."""
-        self.force_end.set()
+        self.force_end = True
         for interrupt in list(self.interrupts):
             interrupt()
 
@@ -190,19 +190,19 @@ class Exchange:
         frame reaches the core one event-loop wake-up after its bytes: no task or
         `asyncio.wait` per frame. The drain's end expires the current wait at once."""
         deps, settings, core = self.deps, self.deps.settings, self.core
-        force_end = deps.state.force_end
+        state = deps.state
         timer: asyncio.Timeout | None = None
 
         def interrupt() -> None:
             if timer is not None and not timer.expired():
                 timer.reschedule(asyncio.get_running_loop().time())
 
-        deps.state.interrupts.add(interrupt)
+        state.interrupts.add(interrupt)
         deadline = self.started + settings.first_token_timeout
         timeout_kind = "first_token"
         try:
             while not core.ended:
-                if force_end.is_set():
+                if state.force_end:
                     self._fail(_SHUTTING_DOWN, "the proxy is shutting down")
                 now = deps.monotonic()
                 wait = max(0.0, deadline - now)
@@ -212,7 +212,7 @@ class Exchange:
                     async with asyncio.timeout(wait) as timer:
                         frame = await frames.__anext__()
                 except TimeoutError:
-                    if force_end.is_set():
+                    if state.force_end:
                         self._fail(_SHUTTING_DOWN, "the proxy is shutting down")
                     if deps.monotonic() >= deadline:
                         deps.metrics.timeouts.labels(timeout_kind).inc()
@@ -258,7 +258,7 @@ class Exchange:
                 if frame.token_ids or frame.finish_reason is None:
                     deps.metrics.tokens_per_frame.observe(len(frame.token_ids))
         finally:
-            deps.state.interrupts.discard(interrupt)
+            state.interrupts.discard(interrupt)
 
     def _fail(self, code: str, message: str) -> None:
         self.error_code = code
