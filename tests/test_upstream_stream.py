@@ -294,42 +294,43 @@ def test_a_connection_upstream_closed_while_idle_is_not_reused() -> None:
     asyncio.run(run())
 
 
-def test_a_request_on_a_connection_upstream_drops_unanswered_is_sent_again() -> None:
-    # The keep-alive race: upstream closes an idle connection just as it is reused. Nothing of
-    # an answer came back, so the request goes out once more, on a new connection.
+def second_request_on_the_first_connection(reply: bytes) -> Handler:
+    """Answers `ok`, except the second request: `reply` (maybe nothing), then the connection
+    closes — upstream closing an idle keep-alive connection just as it is reused."""
+    count = 0
+
     async def handle(request: Request, writer: asyncio.StreamWriter) -> bool:
-        if request.connection == 1 and len(server.requests) == 2:
-            return False  # closes without a byte of an answer
-        writer.write(sized(b"ok"))
-        await writer.drain()
-        return True
-
-    async def run() -> None:
-        nonlocal server
-        async with serving(handle) as server:
-            client = client_for(server)
-            assert await get(client) == (200, b"ok")
-            assert await get(client) == (200, b"ok")
-            assert [r.connection for r in server.requests] == [1, 1, 2]
-            await client.aclose()
-
-    server: Server
-    asyncio.run(run())
-
-
-def test_a_reused_connection_that_breaks_mid_answer_is_not_retried() -> None:
-    async def handle(request: Request, writer: asyncio.StreamWriter) -> bool:
-        if request.connection == 1 and len(server.requests) == 2:
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-le")  # upstream read it and began
+        nonlocal count
+        count += 1
+        if count == 2:
+            writer.write(reply)
             await writer.drain()
             return False
         writer.write(sized(b"ok"))
         await writer.drain()
         return True
 
+    return handle
+
+
+def test_a_request_on_a_connection_upstream_drops_unanswered_is_sent_again() -> None:
+    # Nothing of an answer came back: upstream never read it, so it goes out once more.
     async def run() -> None:
-        nonlocal server
-        async with serving(handle) as server:
+        async with serving(second_request_on_the_first_connection(b"")) as server:
+            client = client_for(server)
+            assert await get(client) == (200, b"ok")
+            assert await get(client) == (200, b"ok")
+            assert [r.connection for r in server.requests] == [1, 1, 2]
+            await client.aclose()
+
+    asyncio.run(run())
+
+
+def test_a_reused_connection_that_breaks_mid_answer_is_not_retried() -> None:
+    begun = b"HTTP/1.1 200 OK\r\ncontent-le"  # upstream read the request and began
+
+    async def run() -> None:
+        async with serving(second_request_on_the_first_connection(begun)) as server:
             client = client_for(server)
             await get(client)
             with pytest.raises(RemoteProtocolError):
@@ -337,7 +338,6 @@ def test_a_reused_connection_that_breaks_mid_answer_is_not_retried() -> None:
             assert len(server.requests) == 2
             await client.aclose()
 
-    server: Server
     asyncio.run(run())
 
 
