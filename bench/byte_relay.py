@@ -5,7 +5,7 @@ trtllm-serve. Benchmark 2 compares the proxy's added latency with it.
     .venv/bin/python bench/byte_relay.py --upstream http://127.0.0.1:8000 [--client lean]
 
 `--client httpx` (default) is what the proxy's pass-through uses; `--client lean` relays through
-`proxy.upstream_stream.StreamClient`, the client of the proxy's repaired completion streams.
+`proxy.upstream.stream.StreamClient`, the client of the proxy's repaired completion streams.
 
 Every request goes to the upstream as it came (method, path, query, headers but Host, body) and
 the answer comes back chunk by chunk as httpx reads it, exactly like the proxy's pass-through,
@@ -23,7 +23,7 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.types import Receive, Scope, Send
 
-from proxy.upstream_stream import Response, StreamClient
+from proxy.upstream.stream import Response, StreamClient
 
 _DROP = {b"host", b"content-length", b"transfer-encoding", b"connection"}
 

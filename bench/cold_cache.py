@@ -32,10 +32,10 @@ from bench.core_throughput import response_ids
 from bench.harness import encoding as load_encoding
 from bench.harness import table
 from proxy import sse
-from proxy.completions import parse_frame
 from proxy.harmony.response import ResponseContext, random_id
 from proxy.harmony.stream import ResponseStream
 from proxy.sse import SSEDecoder
+from proxy.upstream.completions import parse_frame
 
 FRAME = 20
 

@@ -38,7 +38,8 @@ def _cmd_vocab(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from proxy import logs, server
+    from proxy import logs
+    from proxy.server import runner as server
 
     try:
         settings = config.load_settings(os.environ, args)

@@ -25,9 +25,9 @@ import uvicorn
 from openai_harmony import HarmonyEncoding
 
 from proxy import vocab
-from proxy.app import create_app
 from proxy.config import Settings
-from proxy.server import QuietServer
+from proxy.server.app import create_app
+from proxy.server.runner import QuietServer
 from proxy.sse import SSEDecoder
 
 MODEL = "openai/gpt-oss-120b"

@@ -15,7 +15,7 @@ from typing import Any
 
 import uvicorn
 
-from proxy.server import loop_factory
+from proxy.server.runner import loop_factory
 
 
 def free_port() -> int:

@@ -29,10 +29,10 @@ import orjson
 from openai_harmony import HarmonyEncoding
 from prometheus_client import CollectorRegistry
 
-from proxy.app import create_app
 from proxy.config import Settings
 from proxy.harmony.request import prepare_request
 from proxy.harmony.response import CountingIds
+from proxy.server.app import create_app
 from proxy.simulator import SimulatorConfig
 from proxy.simulator.model import Completion, ScriptedModel
 from tests.live import LiveServer, free_port, wait_for

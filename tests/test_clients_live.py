@@ -11,8 +11,8 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 from openai_harmony import HarmonyEncoding
 
-from proxy.app import create_app
 from proxy.config import Settings
+from proxy.server.app import create_app
 from proxy.simulator.app import create_simulator_app
 from proxy.simulator.config import SimulatorConfig
 from tests.live import LiveServer, wait_for

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.completions import DONE_FRAME, Frame, FrameError, error_message, parse_frame
+from proxy.upstream.completions import DONE_FRAME, Frame, FrameError, error_message, parse_frame
 
 
 def test_token_frame() -> None:

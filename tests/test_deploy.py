@@ -24,10 +24,11 @@ from openai_harmony import HarmonyEncoding
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy import server, vocab
-from proxy.app import create_app
+from proxy import vocab
 from proxy.config import FIELDS, Settings, load_settings
 from proxy.metrics import Metrics
+from proxy.server import runner as server
+from proxy.server.app import create_app
 from proxy.simulator import SimulatorConfig, create_simulator_app
 from tests.deploy_support import (
     DASHBOARD,

@@ -1,4 +1,4 @@
-"""The sans-IO HTTP/1.1 response reader and request writer (proxy/http1.py)."""
+"""The sans-IO HTTP/1.1 response reader and request writer (proxy/upstream/http1.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.http1 import MAX_HEAD_BYTES, ProtocolError, ResponseReader, request_bytes
+from proxy.upstream.http1 import MAX_HEAD_BYTES, ProtocolError, ResponseReader, request_bytes
 
 SSE = b'data: {"choices":[]}\n\n'
 CHUNKED = (

@@ -8,7 +8,7 @@ import orjson
 import pytest
 from openai_harmony import HarmonyEncoding
 
-from proxy.selfcheck import SelfCheck
+from proxy.server.selfcheck import SelfCheck
 from tests.harmony import chunks_of, ids_of, run
 
 TEXT = (

@@ -16,10 +16,10 @@ import pytest
 from openai import OpenAI
 from openai_harmony import HarmonyEncoding
 
-from proxy.app import create_app
 from proxy.config import Settings
 from proxy.harmony.request import prepare_request
 from proxy.harmony.response import CountingIds
+from proxy.server.app import create_app
 from tests.harmony import ids_of
 from tests.live import LiveServer, wait_for
 from tests.upstream_double import MODEL, UpstreamDouble, script_for

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from openai_harmony import HarmonyEncoding
 
-from proxy.completions import parse_frame
 from proxy.harmony.tokens import CALL, RETURN
 from proxy.simulator import SimulatorConfig
+from proxy.upstream.completions import parse_frame
 from tests.simulator_helpers import FAST, SimThread
 
 PROBE = [200006, 1428, 200008, 13225, 200007, 200006, 173781]

@@ -10,9 +10,9 @@ import orjson
 import pytest
 from openai_harmony import HarmonyEncoding
 
-from proxy.completions import FrameError, parse_frame
 from proxy.simulator import SimulatorConfig
 from proxy.simulator.faults import Fault, parse_faults
+from proxy.upstream.completions import FrameError, parse_frame
 from tests.simulator_helpers import FAST, SimThread, Streamed
 
 PROBE = [200006, 1428, 200008, 13225, 200007, 200006, 173781]

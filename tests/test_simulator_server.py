@@ -22,7 +22,7 @@ from proxy.harmony.request import prepare_request
 from proxy.harmony.tokens import CALL, RETURN
 from proxy.simulator import SimulatorConfig, main, simulator_state, start_simulator
 from proxy.simulator.server import build_parser, config_from_args
-from proxy.upstream import Upstream
+from proxy.upstream.client import Upstream
 from tests.simulator_helpers import FAST, SimThread, run, simulator
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""The lean upstream client (proxy/upstream_stream.py) and `Upstream.completion_stream` on it,
+"""The lean upstream client (proxy/upstream/stream.py) and `Upstream.completion_stream` on it,
 against scripted servers on real loopback sockets."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import orjson
 import pytest
 import trustme
 
-from proxy.completions import FrameError
 from proxy.errors import ClientError, UpstreamError
-from proxy.upstream import MAX_FRAME_BYTES, Upstream
-from proxy.upstream_stream import (
+from proxy.upstream.client import MAX_FRAME_BYTES, Upstream
+from proxy.upstream.completions import FrameError
+from proxy.upstream.stream import (
     HIGH_WATER,
     ConnectError,
     ConnectTimeout,

@@ -12,10 +12,10 @@ from collections.abc import Callable
 
 from starlette.types import Scope, Send
 
-from proxy import asgi
 from proxy.errors import ProxyError
 from proxy.metrics import CLIENT_TIMEOUT, Metrics
-from proxy.upstream import Upstream, end_to_end
+from proxy.server import asgi
+from proxy.upstream.client import Upstream, end_to_end
 
 
 def target_of(scope: Scope, path_prefix_strip: str = "") -> str:

@@ -2,7 +2,7 @@
 requests passed through untouched.
 
 The completion stream of every repaired request, the one call that runs per upstream frame, goes
-through the lean HTTP/1.1 client of `proxy.upstream_stream` (issue 7: less CPU per frame and
+through the lean HTTP/1.1 client of `proxy.upstream.stream` (issue 7: less CPU per frame and
 memory per open stream than httpx); the probe, `/health` and pass-through use httpx.
 
 Errors before the first byte become `UpstreamError`/`ClientError` (an HTTP error for our client);
@@ -23,10 +23,10 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy.completions import Frame, FrameError, error_message, parse_frame
 from proxy.errors import ClientError, UpstreamError
 from proxy.sse import Message, SSEDecoder
-from proxy.upstream_stream import ConnectTimeout, Response, StreamClient, StreamError
+from proxy.upstream.completions import Frame, FrameError, error_message, parse_frame
+from proxy.upstream.stream import ConnectTimeout, Response, StreamClient, StreamError
 
 #: Hop-by-hop headers (RFC 9110 §7.6.1) and those httpx sets itself: never forwarded.
 HOP_BY_HOP = frozenset(

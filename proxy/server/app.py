@@ -27,7 +27,6 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.types import Receive, Scope, Send
 
-from proxy import asgi, passthrough
 from proxy.config import Settings
 from proxy.errors import ClientError, ProxyError
 from proxy.harmony.request import parse_body
@@ -35,8 +34,9 @@ from proxy.harmony.request_prefix import PrefixCache
 from proxy.harmony.response import IdFactory, random_id
 from proxy.logs import get_logger
 from proxy.metrics import Metrics
-from proxy.repair import RepairDeps, ServerState, serve_repaired
-from proxy.upstream import Upstream
+from proxy.server import asgi, passthrough
+from proxy.server.repair import RepairDeps, ServerState, serve_repaired
+from proxy.upstream.client import Upstream
 
 #: Seconds between capability probes while upstream is not (yet) able to serve us.
 PROBE_RETRY = 2.0

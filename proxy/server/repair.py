@@ -28,8 +28,7 @@ from typing import Any
 from openai_harmony import HarmonyEncoding
 from starlette.types import Scope, Send
 
-from proxy import asgi, sse
-from proxy.completions import FrameError
+from proxy import sse
 from proxy.config import Settings
 from proxy.errors import ClientError, ProxyError, UpstreamError
 from proxy.harmony.request import PreparedRequest, prepare_request
@@ -37,8 +36,10 @@ from proxy.harmony.request_prefix import PrefixCache
 from proxy.harmony.response import IdFactory, ResponseContext
 from proxy.harmony.stream import ResponseStream
 from proxy.metrics import CLIENT_TIMEOUT, Metrics
-from proxy.selfcheck import SelfCheck
-from proxy.upstream import Capability, Frames, Upstream
+from proxy.server import asgi
+from proxy.server.selfcheck import SelfCheck
+from proxy.upstream.client import Capability, Frames, Upstream
+from proxy.upstream.completions import FrameError
 
 _UNKNOWN = Capability(False, False, "upstream not probed yet")
 

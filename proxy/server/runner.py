@@ -26,9 +26,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from proxy.app import create_app
 from proxy.config import Settings
-from proxy.repair import ServerState
+from proxy.server.app import create_app
+from proxy.server.repair import ServerState
 
 #: Extra seconds uvicorn waits after the drain period for streams to write their last events.
 _DRAIN_GRACE = 5.0

@@ -4,7 +4,7 @@
 httpx sends it through httpcore, anyio and h11: per upstream frame that is ~10 objects and
 several awaits before the bytes reach the SSE decoder, and per open stream several KB of
 request, response, connection and stream objects (BENCHMARKS.md, sections 2-3; issue 7). Here
-one `asyncio.Protocol` per connection parses what arrives with `proxy.http1.ResponseReader` in
+one `asyncio.Protocol` per connection parses what arrives with `http1.ResponseReader` in
 `data_received` and hands body bytes to the one reader waiting for them.
 
     StreamClient.send() ─▶ idle connection (or a new one) ─▶ request written ─▶ head read
@@ -24,7 +24,7 @@ Errors (all `StreamError`; `Upstream` translates them at its boundary):
     └── ReadError            the connection broke (reset)
 
 The pool keeps at most `max_idle` idle connections, each for `keepalive_expiry` seconds (below
-uvicorn's 5 s: see `proxy.upstream.KEEPALIVE_EXPIRY`), newest first, and never one whose
+uvicorn's 5 s: see `proxy.upstream.client.KEEPALIVE_EXPIRY`), newest first, and never one whose
 response was not read to its end, that upstream closed, or that received unasked-for bytes. A
 request on a reused connection that upstream closes before a byte of its answer (the keep-alive
 race) is sent once more on a new connection; upstream never read it.
@@ -42,7 +42,7 @@ from collections.abc import Callable
 from typing import cast
 from urllib.parse import quote, unquote, urlsplit
 
-from proxy.http1 import Head, ProtocolError, ResponseReader, request_bytes
+from proxy.upstream.http1 import Head, ProtocolError, ResponseReader, request_bytes
 
 #: Unread body bytes above which the socket is no longer read (backpressure: a client that
 #: does not read holds upstream's stream in the kernel's buffers, not in ours).
