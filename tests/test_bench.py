@@ -52,7 +52,9 @@ def test_capacity_measures_cpu_and_memory_without_errors() -> None:
     table = rows(output)
     assert table["4"][-1] == "0", table  # the 4-stream row: no errors
     assert table["60"][-1] == table["120"][-1] == "0", table  # the length rows
-    assert re.search(r"CPU per response = [0-9.]+ ms \+ [0-9.]+ µs × tokens", output), output
+    # /proc counts CPU in 10 ms ticks: at these tiny sizes the fit can come out flat or
+    # slightly negative ("-0.00"); the line's presence and form is what is checked here.
+    assert re.search(r"CPU per response = -?[0-9.]+ ms \+ -?[0-9.]+ µs × tokens", output), output
 
 
 @pytest.mark.parametrize(
