@@ -25,7 +25,8 @@ from openai_harmony import HarmonyEncoding, HarmonyError, Role, StreamableParser
 
 from proxy.harmony.response import DEFAULT_ECHO, CountingIds, ResponseContext
 from proxy.harmony.tokens import CALL, CHANNEL, CONSTRAIN, END, MESSAGE, RETURN, START
-from proxy.harmony.unpatched import UnpatchedStream, UpstreamOutputError, unpatched_output
+from proxy.harmony.unpatched import UnpatchedStream
+from proxy.harmony.unpatched_output import UpstreamOutputError, unpatched_output
 from tests.conftest import FIXTURES
 
 ORACLE = FIXTURES / "trtllm-oracle"
