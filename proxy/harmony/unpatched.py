@@ -56,6 +56,7 @@ from typing import Any, Final
 from openai_harmony import HarmonyEncoding, HarmonyError, Role, StreamableParser, StreamState
 
 from proxy.harmony.response import IdFactory, ResponseContext, response_object
+from proxy.harmony.tokens import MESSAGE, MESSAGE_ENDS
 from proxy.harmony.unpatched_output import (
     ParsedMessage,
     UpstreamOutputError,
@@ -66,7 +67,6 @@ from proxy.harmony.unpatched_output import (
     text_part,
     unpatched_output,
 )
-from proxy.harmony.tokens import MESSAGE, MESSAGE_ENDS
 
 #: The parser states, as `parser.state` would report them.
 _EXPECT_START: Final = StreamState.EXPECT_START
