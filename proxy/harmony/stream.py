@@ -53,8 +53,8 @@ from proxy.harmony import events as ev
 from proxy.harmony import tokens as tk
 from proxy.harmony.items import OpenItem, classify
 from proxy.harmony.record import RepairRecord, Tally
+from proxy.harmony.recovery import RecoveryAccounting
 from proxy.harmony.response import IdFactory, ResponseContext, random_id, response_object
-from proxy.harmony.unpatched import UnpatchedStream
 
 #: Stands for "not made yet" (see `warm_up`); typed as a parser so the hot path needs no check.
 _NO_PARSER: StreamableParser = cast(StreamableParser, object())
@@ -94,12 +94,13 @@ class ResponseStream:
         ids: IdFactory = random_id,
         *,
         compare_unpatched: bool = True,
+        derive_unpatched: bool = True,
     ) -> None:
         self._ctx = ctx
         self._ids = ids
         self._encoding = encoding
-        # Parsers cost ~170 µs each to make: `warm_up()` makes them, ideally while upstream is
-        # thinking about the request (the shell schedules it); `feed` makes them if needed.
+        # A parser costs ~170 µs to make: `warm_up()` makes it, ideally while upstream is
+        # thinking about the request (the shell schedules it); `feed` makes it if needed.
         self._parser: StreamableParser = _NO_PARSER
         self._log = ev.EventLog()
         self._phase = _Phase.NEW
@@ -109,15 +110,14 @@ class ResponseStream:
         self._message_tokens = 0  # tokens of the message being parsed, header included
         self._tally = Tally()
         self._malformed: Counter[str] = Counter()
-        # The model of the unpatched upstream runs on the same chunks to account for what the
-        # repair recovered (issue: "from it, the core reports what the unpatched stream lost").
+        # What the unpatched upstream would have sent for the same frames, to account for what
+        # the repair recovered (issue 2), derived from this parse (recovery.py, issue 17). The
+        # counting runs in `account()`, which the shell calls after a frame's events are
+        # written, so it is never on the latency path.
         self._compare = compare_unpatched
-        self._unpatched: UnpatchedStream | None = None
-        # What it has not seen yet: fed by `account()`, which the shell calls after a frame's
-        # events are written, so the comparison is never on the latency path.
-        self._backlog: list[Sequence[int]] = []
-        self._backlog_start = compare_unpatched
-        self._backlog_end: tuple[str, int | None] | None = None
+        self._recovery: RecoveryAccounting | None = None
+        if compare_unpatched:
+            self._recovery = RecoveryAccounting(encoding, ctx, self._tally, derive=derive_unpatched)
         self._status = "in_progress"
         self._finish_reason: str | None = None
 
@@ -130,6 +130,8 @@ class ResponseStream:
         snapshot = self._snapshot()
         self._emit(ev.response_event("response.created", snapshot))
         self._emit(ev.response_event("response.in_progress", self._snapshot()))
+        if self._recovery is not None:
+            self._recovery.start()
         return self._log.take()
 
     def feed(self, token_ids: Sequence[int]) -> list[ev.Event]:
@@ -142,8 +144,8 @@ class ResponseStream:
             self._token(token)
         if self._open is not None:
             self._flush(self._open)
-        if self._compare:
-            self._backlog.append(token_ids)  # a reference: callers pass frames they keep as is
+        if self._recovery is not None:
+            self._recovery.frame(token_ids, self._parser, self._parse is _EXPECT_START)
         return self._log.take()
 
     def finish(
@@ -161,6 +163,7 @@ class ResponseStream:
         """
         self._require(_Phase.STREAMING, "finish")
         self._finish_reason = finish_reason
+        in_header = self._parse is _HEADER  # before the parser sees the end of the ids
         self._end_of_tokens()
         if finish_reason not in _NORMAL_FINISHES:
             return self._fail(
@@ -181,8 +184,8 @@ class ResponseStream:
             self._status = "completed"
             terminal = ev.response_event("response.completed", self._snapshot(output_tokens))
         self._emit(terminal)
-        if self._compare:
-            self._backlog_end = (finish_reason, _as_int(stop_reason))
+        if self._recovery is not None:
+            self._recovery.finish(finish_reason, _as_int(stop_reason), in_header)
         self._phase = _Phase.ENDED
         return self._log.take()
 
@@ -197,12 +200,15 @@ class ResponseStream:
     def ended(self) -> bool:
         return self._phase is _Phase.ENDED
 
+    @property
+    def recovery(self) -> RecoveryAccounting | None:
+        """The recovery accounting (None when the comparison is off); for tests and benches."""
+        return self._recovery
+
     def warm_up(self) -> None:
-        """Make the parsers now (idempotent): schedule it to overlap with upstream's latency."""
+        """Make the parser now (idempotent): schedule it to overlap with upstream's latency."""
         if self._parser is _NO_PARSER:
             self._parser = StreamableParser(self._encoding, Role.ASSISTANT)
-        if self._compare and self._unpatched is None:
-            self._unpatched = UnpatchedStream(self._encoding, self._ctx, random_id)
 
     def account(self) -> None:
         """Bring the comparison with the unpatched upstream up to date (cheap when it is).
@@ -210,21 +216,8 @@ class ResponseStream:
         The shell calls it after writing a frame's events; `record()` calls it too, so the
         accounting is complete whenever it is read.
         """
-        if not self._compare:
-            return
-        self.warm_up()
-        unpatched = self._unpatched
-        assert unpatched is not None  # made by warm_up
-        tally = self._tally
-        if self._backlog_start:
-            self._backlog_start = False
-            tally.unpatched(unpatched.start())
-        for chunk in self._backlog:
-            tally.unpatched(unpatched.feed(chunk))
-        self._backlog.clear()
-        if self._backlog_end is not None:
-            tally.unpatched(unpatched.finish(*self._backlog_end))
-            self._backlog_end = None
+        if self._recovery is not None:
+            self._recovery.account()
 
     def record(self) -> RepairRecord:
         """What happened so far, as data for metrics and logs."""
@@ -250,12 +243,14 @@ class ResponseStream:
                 self._feed_parser(token)
                 self._close(item, "completed")
                 self._parse = _EXPECT_START
+                if self._recovery is not None:
+                    self._recovery.closed()
                 return
             if token == tk.START:
                 # The model began a new message without ending this one. The parser would take
                 # `<|start|>assistant<|channel|>final…` as text of this item and the answer
                 # would vanish into it; end the item for it instead, and carry on.
-                self._malformed["missing_end"] += 1
+                self._departed("missing_end")  # upstream's parser takes it as text
                 self._feed_parser(tk.END)
                 self._message_tokens -= 1  # the <|start|> belongs to the next message
                 self._close(item, "completed")
@@ -273,7 +268,7 @@ class ResponseStream:
         if parse is _EXPECT_START:
             if token != tk.START:
                 # The parser would reject it ("expecting start token"); skip the exception.
-                self._malformed["token_outside_message"] += 1
+                self._departed("token_outside_message")
                 return
             self._message_tokens = 1
             self._feed_parser(token)  # <|start|> is what the parser waits for: accepted
@@ -283,6 +278,8 @@ class ResponseStream:
             self._feed_parser(token)
             if token in tk.MESSAGE_ENDS:
                 self._parse = _EXPECT_START
+                if self._recovery is not None:
+                    self._recovery.closed()
             return
         # HEADER
         accepted = self._feed_parser(token)
@@ -298,24 +295,34 @@ class ResponseStream:
         try:
             self._parser.process(token)
         except HarmonyError:
-            self._malformed[_STATE_ERRORS[self._parse]] += 1
+            self._departed(_STATE_ERRORS[self._parse])
             return False
         except OverflowError:  # a token id that is no u32: not from this model
-            self._malformed["invalid_token_id"] += 1
+            self._departed("invalid_token_id")
             return False
         return True
+
+    def _departed(self, malformed: str) -> None:
+        """Malformed output where our parse departs from upstream's: counted, and the recovery
+        accounting can no longer read upstream's parse from ours (recovery.py)."""
+        self._malformed[malformed] += 1
+        if self._recovery is not None:
+            self._recovery.diverged()
 
     def _open_item(self) -> None:
         parser = self._parser
         role = parser.current_role
+        channel, recipient = parser.current_channel, parser.current_recipient
+        if self._recovery is not None:
+            self._recovery.header(role is Role.ASSISTANT, channel, recipient)
         if role is not Role.ASSISTANT:
             # A hallucinated user/tool turn: never shown, like a stray header.
             self._malformed["unexpected_role"] += 1
             self._parse = _SKIP
             return
         item = classify(
-            channel=parser.current_channel,
-            recipient=parser.current_recipient,
+            channel=channel,
+            recipient=recipient,
             namespaces=self._ctx.namespaces,
             output_index=len(self._output),
             ids=self._ids,

@@ -91,6 +91,9 @@ DELTA_TYPES: Final = {
     "final": "response.output_text.delta",
     "analysis": "response.reasoning_text.delta",
 }
+#: What `start()` sends (`get_initial_responses`), and the terminal event of `finish()`.
+START_TYPES: Final = ("response.created", "response.in_progress")
+COMPLETED_TYPE: Final = "response.completed"
 #: What goes before a delta when the "item added" flag is clear.
 ADDED_TYPES: Final = ("response.output_item.added", "response.content_part.added")
 #: The done events of the last closed message, by its channel; other channels get none.
@@ -146,10 +149,7 @@ class UnpatchedStream:
         """`response.created` and `response.in_progress` (`get_initial_responses`)."""
         self._advance("new", "started")
         snapshot = response_object(self._ctx, status="in_progress", output=[], usage=None)
-        events = [
-            self._event("response.created", response=snapshot),
-            self._event("response.in_progress", response=snapshot),
-        ]
+        events = [self._event(type_, response=snapshot) for type_ in START_TYPES]
         if self._workers:
             self._seq = 0  # the worker's copy of the processor numbers from 0 again
         return events
@@ -189,7 +189,7 @@ class UnpatchedStream:
             self.unsent_events = self._last_feed_events
             return []
         snapshot = response_object(self._ctx, status=status, output=output, usage=None)
-        return [self._event("response.completed", response=snapshot)]
+        return [self._event(COMPLETED_TYPE, response=snapshot)]
 
     def _snapshot_output(self) -> list[dict[str, Any]]:
         """`unpatched_output(all ids)`, from the messages already parsed when that is exact."""
