@@ -37,8 +37,9 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 
-from openai_harmony import HarmonyEncoding, HarmonyError, StreamableParser
+from openai_harmony import HarmonyEncoding, HarmonyError
 
+from proxy.harmony.parser import HarmonyParser
 from proxy.harmony.record import Tally
 from proxy.harmony.response import ResponseContext, random_id
 from proxy.harmony.unpatched import (
@@ -128,7 +129,7 @@ class RecoveryAccounting:
         """The core's parser and upstream's part ways in the frame being fed."""
         self._diverged = True
 
-    def frame(self, token_ids: Sequence[int], parser: StreamableParser, expect_start: bool) -> None:
+    def frame(self, token_ids: Sequence[int], parser: HarmonyParser, expect_start: bool) -> None:
         """The core parsed `token_ids` (one frame); `expect_start`: it waits for <|start|>."""
         if not self._diverged:
             try:

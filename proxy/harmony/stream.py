@@ -44,19 +44,17 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from enum import Enum
-from typing import Any, cast
+from typing import Any
 
-from openai_harmony import HarmonyEncoding, HarmonyError, Role, StreamableParser
+from openai_harmony import HarmonyEncoding, HarmonyError, Role
 
 from proxy.harmony import events as ev
 from proxy.harmony import tokens as tk
 from proxy.harmony.items import OpenItem, classify
+from proxy.harmony.parser import HarmonyParser, TokenTable
 from proxy.harmony.record import RepairRecord, Tally
 from proxy.harmony.recovery import RecoveryAccounting
 from proxy.harmony.response import IdFactory, ResponseContext, random_id, response_object
-
-#: Stands for "not made yet" (see `warm_up`); typed as a parser so the hot path needs no check.
-_NO_PARSER: StreamableParser = cast(StreamableParser, object())
 
 
 class StreamStateError(RuntimeError):
@@ -78,9 +76,6 @@ class _Parse(Enum):
 
 _HEADER, _CONTENT, _SKIP, _EXPECT_START = _Parse  # locals for the per-token loop
 
-#: Tokens inside content that are not text: the end of the message, or a stray <|start|>.
-_NOT_TEXT = tk.MESSAGE_ENDS | {tk.START}
-
 #: Finish reasons that end a response normally; any other ends it as failed.
 _LENGTH = "length"
 _NORMAL_FINISHES = frozenset({"stop", _LENGTH})
@@ -97,14 +92,13 @@ class ResponseStream:
         *,
         compare_unpatched: bool = True,
         derive_unpatched: bool = True,
+        table: TokenTable | None = None,
     ) -> None:
         self._ctx = ctx
         self._ids = ids
-        self._encoding = encoding
-        # A parser costs ~170 µs to make: `warm_up()` makes it, ideally while upstream is
-        # thinking about the request (the shell schedules it); `feed` makes it if needed.
-        self._parser: StreamableParser = _NO_PARSER
-        self._inner: Any = _NO_PARSER  # see warm_up
+        # Token bytes are best shared by all the streams of an app; the parser costs ~1 µs to
+        # make (openai-harmony's ~170 µs, which is why the shell once made it ahead).
+        self._parser = HarmonyParser(encoding, table or TokenTable(encoding))
         self._log = ev.EventLog()
         self._phase = _Phase.NEW
         self._parse = _HEADER
@@ -140,8 +134,6 @@ class ResponseStream:
     def feed(self, token_ids: Sequence[int]) -> list[ev.Event]:
         """Parse one upstream frame's token ids; return the events they complete."""
         self._require(_Phase.STREAMING, "feed")
-        if self._parser is _NO_PARSER:
-            self.warm_up()
         self._tally.frames += 1
         fast = self._ctx.coalesce_deltas
         position, end = 0, len(token_ids)
@@ -215,15 +207,6 @@ class ResponseStream:
         """The recovery accounting (None when the comparison is off); for tests and benches."""
         return self._recovery
 
-    def warm_up(self) -> None:
-        """Make the parser now (idempotent): schedule it to overlap with upstream's latency."""
-        if self._parser is _NO_PARSER:
-            self._parser = StreamableParser(self._encoding, Role.ASSISTANT)
-            # The compiled parser under openai-harmony's wrapper, when it has one (0.0.8 does):
-            # the same `process` and `last_content_delta`, without the wrapper's Python call
-            # around each, ~10 % of the parse per token (issue 17).
-            self._inner = getattr(self._parser, "_inner", self._parser)
-
     def account(self) -> None:
         """Bring the comparison with the unpatched upstream up to date (cheap when it is).
 
@@ -273,7 +256,7 @@ class ResponseStream:
                 self._token(token)
                 return
             if self._feed_parser(token):
-                delta = self._inner.last_content_delta
+                delta = self._parser.last_content_delta
                 if delta:
                     item.add(delta)
                     if not self._ctx.coalesce_deltas:
@@ -306,40 +289,23 @@ class ResponseStream:
                 self._parse = _EXPECT_START
 
     def _text(self, token_ids: Sequence[int], position: int) -> int:
-        """The open item's plain text tokens from `position` on, in one loop: the hot path, most
+        """The open item's plain text tokens from `position` on, in one call: the hot path, most
         tokens of a response (issue 17). Returns the position of the first token it leaves to
-        `_token` (an end or <|start|>), or the end."""
+        `_token` (an end, <|start|>, a token the parser's fast path does not take), or the end."""
         item = self._open
         assert item is not None  # CONTENT always has an open item
-        parser = self._inner
-        process, pending = parser.process, item.pending
-        start, end, texts = position, len(token_ids), 0
-        while position < end:
-            token = token_ids[position]
-            if token in _NOT_TEXT:
-                break
-            position += 1
-            try:
-                process(token)
-            except HarmonyError:
-                self._departed("invalid_content_token")
-                continue
-            except OverflowError:  # a token id that is no u32: not from this model
-                self._departed("invalid_token_id")
-                continue
-            delta = parser.last_content_delta
-            if delta:
-                pending.append(delta)
-                texts += 1
-        count = position - start
+        pending = item.pending
+        before = len(pending)
+        stop = self._parser.text(token_ids, position, pending)
+        count = stop - position
         self._tally.tokens += count
         self._message_tokens += count
-        item.text_tokens += texts
-        return position
+        item.text_tokens += len(pending) - before
+        return stop
 
     def _feed_parser(self, token: int) -> bool:
         try:
-            self._inner.process(token)
+            self._parser.process(token)
         except HarmonyError:
             self._departed(_STATE_ERRORS[self._parse])
             return False

@@ -29,6 +29,7 @@ from starlette.types import Receive, Scope, Send
 
 from proxy.config import Settings
 from proxy.errors import ClientError, ProxyError
+from proxy.harmony.parser import TokenTable
 from proxy.harmony.request import parse_body
 from proxy.harmony.request_prefix import PrefixCache
 from proxy.harmony.response import IdFactory, random_id
@@ -100,6 +101,7 @@ def create_app(
         log=log,
         ids=ids,
         prefixes=PrefixCache(encoding),
+        tokens=TokenTable(encoding),
         clock=clock,
         monotonic=monotonic,
     )

@@ -31,6 +31,7 @@ from starlette.types import Scope, Send
 from proxy import sse
 from proxy.config import Settings
 from proxy.errors import ClientError, ProxyError, UpstreamError
+from proxy.harmony.parser import TokenTable
 from proxy.harmony.request import PreparedRequest, prepare_request
 from proxy.harmony.request_prefix import PrefixCache
 from proxy.harmony.response import IdFactory, ResponseContext
@@ -78,6 +79,8 @@ class RepairDeps:
     ids: IdFactory
     #: Rendered system + developer prompts, shared by the requests of one app.
     prefixes: PrefixCache
+    #: The bytes of token ids, shared by the streams of one app (None: one per stream).
+    tokens: TokenTable | None = None
     clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
 
@@ -119,14 +122,12 @@ class Exchange:
             namespaces=prepared.namespaces,
             coalesce_deltas=deps.settings.delta_mode == "coalesce",
         )
-        self.core = ResponseStream(deps.encoding, ctx, deps.ids)
+        self.core = ResponseStream(deps.encoding, ctx, deps.ids, table=deps.tokens)
 
     # -- the two answers: an event stream, or one JSON object --------------------------------
 
     async def stream(self, send: Send) -> None:
         headers = [*asgi.SSE_HEADERS, (b"x-request-id", self.request_id.encode())]
-        # make the parsers while upstream reads the request (they cost ~0.35 ms)
-        asyncio.get_running_loop().call_soon(self.core.warm_up)
         async with self._upstream() as frames:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             self.phase = "before_first_token"
@@ -148,8 +149,6 @@ class Exchange:
 
     async def answer(self, send: Send) -> None:
         """`stream: false`: the same path, answered with the terminal snapshot as JSON."""
-        # make the parsers while upstream reads the request (they cost ~0.35 ms)
-        asyncio.get_running_loop().call_soon(self.core.warm_up)
         async with self._upstream() as frames:
             self.phase = "before_first_token"
             self.selfcheck.observe(self.core.start())
