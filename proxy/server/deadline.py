@@ -31,8 +31,9 @@ _SLACK = 0.001
 class Deadline:
     """Reusable `asyncio.timeout` for one task's consecutive waits (see the module docstring).
 
-    Not re-entrant: one wait at a time. `expire()` ends the current wait now (the drain's end);
-    `close()` drops the timer handle (the stream ended)."""
+    Bound to the task of its first wait; not re-entrant: one wait at a time. `expire()` ends
+    the current wait now (the drain's end); `close()` drops the timer handle (the stream
+    ended)."""
 
     __slots__ = (
         "_armed",
@@ -70,11 +71,12 @@ class Deadline:
     async def __aenter__(self) -> Deadline:
         if self._inside:
             raise RuntimeError("Deadline is not re-entrant")
-        task = asyncio.current_task()
-        if task is None:
-            raise RuntimeError("Deadline must be used inside a task")
-        self._task = task
-        self._loop = self._loop or asyncio.get_running_loop()
+        task = self._task
+        if task is None:  # the first wait: bind the task (Python 3.11's current_task is slow)
+            task = self._task = asyncio.current_task()
+            if task is None:
+                raise RuntimeError("Deadline must be used inside a task")
+            self._loop = self._loop or asyncio.get_running_loop()
         self._inside = True
         self._expiring = False
         self._cancelling = task.cancelling()

@@ -36,7 +36,7 @@ from proxy.harmony.request import PreparedRequest, prepare_request
 from proxy.harmony.request_prefix import PrefixCache
 from proxy.harmony.response import IdFactory, ResponseContext
 from proxy.harmony.stream import ResponseStream
-from proxy.metrics import CLIENT_TIMEOUT, Metrics
+from proxy.metrics import CLIENT_TIMEOUT, HistogramBatch, Metrics
 from proxy.server import asgi
 from proxy.server.deadline import Deadline
 from proxy.server.selfcheck import SelfCheck
@@ -192,6 +192,9 @@ class Exchange:
         `asyncio.wait` per frame. The drain's end expires the current wait at once."""
         deps, settings, core = self.deps, self.deps.settings, self.core
         state = deps.state
+        # Two histograms per frame, observed in batches (metrics.HistogramBatch, issue 17).
+        overhead = HistogramBatch(deps.metrics.frame_overhead)
+        frame_tokens = HistogramBatch(deps.metrics.tokens_per_frame)
         # One lazily re-armed timer for all the waits, not an `asyncio.timeout` per frame
         # (~14 µs each, issue 17); the drain's end expires the current wait through it.
         waits = Deadline()
@@ -249,13 +252,15 @@ class Exchange:
                     deadline = arrived + settings.idle_timeout
                 if events:
                     yield events
-                    deps.metrics.frame_overhead.observe(deps.monotonic() - arrived)
+                    overhead.observe(deps.monotonic() - arrived)
                     core.account()  # the recovery accounting, once the events are out
                 if frame.token_ids or frame.finish_reason is None:
-                    deps.metrics.tokens_per_frame.observe(len(frame.token_ids))
+                    frame_tokens.observe(len(frame.token_ids))
         finally:
             state.interrupts.discard(waits.expire)
             waits.close()
+            overhead.flush()
+            frame_tokens.flush()
 
     def _fail(self, code: str, message: str) -> None:
         self.error_code = code
