@@ -90,9 +90,9 @@ class Process:
         return self.popen.pid
 
     def cpu_seconds(self) -> float:
-        """User + system CPU time of the process so far (10 ms resolution)."""
-        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _TICKS
+        """User + system CPU time so far (10 ms resolution) of the process and of every process
+        it started that is still running (workers: the CPU a deployment pays for)."""
+        return sum(_cpu_ticks(pid) for pid in _process_tree(self.pid)) / _TICKS
 
     def rss_kb(self) -> int:
         return _status_kb(self.pid, "VmRSS")
@@ -104,6 +104,37 @@ class Process:
         except subprocess.TimeoutExpired:
             self.popen.kill()
             self.popen.wait()
+
+
+def _stat(pid: int) -> list[str]:
+    """/proc/<pid>/stat after the command name (fields 3…)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def _cpu_ticks(pid: int) -> int:
+    try:
+        fields = _stat(pid)
+    except OSError:  # it ended since the tree was read
+        return 0
+    return int(fields[11]) + int(fields[12])
+
+
+def _process_tree(root: int) -> list[int]:
+    """`root` and its descendants now alive."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int(_stat(int(entry.name))[1])
+            except OSError:
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo += children.get(pid, [])
+    return tree
 
 
 def _status_kb(pid: int, key: str) -> int:
@@ -125,14 +156,21 @@ def _pinned(core: int | None) -> Callable[[], None] | None:
 
 
 async def start_process(
-    name: str, argv: Sequence[str], port: int, *, core: int | None, ready_path: str
+    name: str,
+    argv: Sequence[str],
+    port: int,
+    *,
+    core: int | None,
+    ready_path: str,
+    root: Path = ROOT,
 ) -> Process:
     """Start a server process pinned to `core` and wait until `ready_path` answers 200 (async:
-    the simulator it probes may be serving on this very loop)."""
+    the simulator it probes may be serving on this very loop). `root`: the source tree it runs
+    from (`python -m proxy` finds the `proxy` package of its working directory first)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROXY_")}
     popen = subprocess.Popen(
         [sys.executable, *argv],
-        cwd=ROOT,
+        cwd=root,
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -164,15 +202,18 @@ async def _get_status(port: int, path: str) -> int:
         writer.close()
 
 
-async def start_proxy(upstream: str, *, core: int | None = PROXY_CORE, **settings: str) -> Process:
+async def start_proxy(
+    upstream: str, *, core: int | None = PROXY_CORE, root: Path = ROOT, **settings: str
+) -> Process:
     """`python -m proxy serve` against `upstream`, pinned to `core`, production settings (JSON
-    request log at info level, to /dev/null) unless overridden by `settings` (flag names)."""
+    request log at info level, to /dev/null) unless overridden by `settings` (flag names).
+    `root`: another checkout of the proxy to run instead (a before/after comparison)."""
     port = free_port()
     argv = ["-m", "proxy", "serve", "--upstream", upstream, "--host", "127.0.0.1"]
     argv += ["--port", str(port)]
     for key, value in settings.items():
         argv += ["--" + key.replace("_", "-"), value]
-    return await start_process("proxy", argv, port, core=core, ready_path="/readyz")
+    return await start_process("proxy", argv, port, core=core, ready_path="/readyz", root=root)
 
 
 async def start_relay(

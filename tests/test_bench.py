@@ -36,11 +36,26 @@ def rows(output: str) -> dict[str, list[str]]:
 
 
 def test_latency_measures_every_path_without_errors() -> None:
-    table = rows(bench("latency.py", "--repeats", "1", "--tokens", "60"))
-    for path in ("direct", "relay", "relay-lean", "proxy"):
+    # `--before`: a second checkout's proxy in the same run (this one again, here).
+    output = bench("latency.py", "--repeats", "1", "--tokens", "60", "--before", str(ROOT))
+    table = rows(output)
+    for path in ("direct", "relay", "relay-lean", "proxy", "proxy-before"):
         assert table[path][0] == "1", table  # one request
         assert table[path][-1] == "0", table  # no errors
         assert float(table[path][7]) > 0  # per-frame p50 ms: frames were timed
+    # issue 17's targets, each with its verdict, and the before/after comparison
+    number = r"-?[0-9.]+ ms"
+    assert re.search(
+        rf"proxy: added time to response.created \(p50\) {number}, target ≤ 1.5 ms: (met|MISSED)",
+        output,
+    )
+    assert re.search(
+        rf"proxy: added per-frame latency \(p50\) {number}, target ≤ 0.5 ms: (met|MISSED)", output
+    )
+    assert re.search(
+        r"proxy vs proxy-before, per frame: [+-][0-9.]+ ms p50 \((no regression|REGRESSION)\)",
+        output,
+    )
 
 
 def test_capacity_measures_cpu_and_memory_without_errors() -> None:

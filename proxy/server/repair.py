@@ -108,6 +108,8 @@ class Exchange:
     error_code: str | None = None
     first_content: float | None = None
     snapshot: dict[str, Any] | None = None
+    #: `response.created` + `response.in_progress` and their bytes, once made (`_opening`).
+    opening: tuple[list[dict[str, Any]], bytes] | None = None
     #: The client has its whole answer (the terminal event, or the JSON body).
     delivered: bool = False
 
@@ -128,10 +130,13 @@ class Exchange:
 
     async def stream(self, send: Send) -> None:
         headers = [*asgi.SSE_HEADERS, (b"x-request-id", self.request_id.encode())]
+        # `response.created` and `response.in_progress` are made and encoded while upstream
+        # reads the request: the callback runs when this task first waits for it (issue 17).
+        asyncio.get_running_loop().call_soon(self._opening)
         async with self._upstream() as frames:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             self.phase = "before_first_token"
-            await self._write(send, self.core.start())
+            await self._write(send, *self._opening())
             self.deps.metrics.first_event.observe(self.deps.monotonic() - self.started)
             try:
                 async for events in self._pump(frames, keepalive=True):
@@ -269,10 +274,20 @@ class Exchange:
             self.deps.metrics.upstream_errors.labels(kind).inc()
         raise _End(self.core.fail(code, message))
 
-    async def _write(self, send: Send, events: list[dict[str, Any]]) -> None:
-        await send(
-            {"type": "http.response.body", "body": sse.encode_all(events), "more_body": True}
-        )
+    def _opening(self) -> tuple[list[dict[str, Any]], bytes]:
+        """The core's opening events and their bytes, made once (see `stream`)."""
+        if self.opening is None:
+            events = self.core.start()
+            self.opening = (events, sse.encode_all(events))
+        return self.opening
+
+    async def _write(
+        self, send: Send, events: list[dict[str, Any]], body: bytes | None = None
+    ) -> None:
+        """Send the events (`body`: already encoded), then check and note them."""
+        if body is None:
+            body = sse.encode_all(events)
+        await send({"type": "http.response.body", "body": body, "more_body": True})
         # The check follows what was written, after the bytes are on their way (latency).
         self.selfcheck.observe(events)
         self._note(events)
