@@ -420,7 +420,7 @@ async def serve_repaired(
 
 
 def _outcome(exchange: Exchange) -> str:
-    status = exchange.core.record().status
+    status = exchange.core.status
     return status if status in ("completed", "incomplete", "failed") else "failed"
 
 
