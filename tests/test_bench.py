@@ -75,7 +75,12 @@ def test_capacity_measures_cpu_and_memory_without_errors() -> None:
 @pytest.mark.parametrize(
     ("script", "args", "expect"),
     [
-        ("core_throughput.py", ("--repeats", "1", "--tokens", "120"), r"120\s+20\s+on\s+[0-9,]+"),
+        ("core_throughput.py", ("--repeats", "1", "--tokens", "120"), r"120\s+20\s+full\s+[0-9,]+"),
+        (
+            "core_throughput.py",
+            ("--repeats", "1", "--tokens", "120", "--before", str(ROOT)),
+            r"120\s+20\s+on\s+before\s+[0-9,]+",
+        ),
         ("cold_cache.py", ("--repeats", "1", "--gap-ms", "1", "--tokens", "60"), r"ResponseStream"),
         ("prepare.py", ("--repeats", "3"), r"20-item agent history"),
         ("unpatched_cost.py", ("--repeats", "1", "--tokens", "60"), r"20 per chunk"),
