@@ -159,3 +159,93 @@ def test_tokens_slower_than_frames_but_within_the_idle_timeout_complete(
     double.queue = [steps]
     answer = client.post(proxy.url + "/v1/responses", json=body())
     assert assert_well_formed(sse_events(answer.content))["status"] == "completed"
+
+
+# -- error bodies: read under a deadline and a size cap ---------------------------------------
+
+JSON_HEAD = [(b"content-type", b"application/json")]
+
+
+@pytest.fixture(scope="module")
+def patient_proxy(encoding: HarmonyEncoding) -> Iterator[tuple[UpstreamDouble, Proxy]]:
+    """A proxy whose own first-token deadline (10 s) is far past the error-body bound."""
+    double = UpstreamDouble()
+    with (
+        LiveServer(double) as upstream,
+        running_proxy(upstream.url, encoding, first_token_timeout=10.0) as running,
+    ):
+        yield double, running
+
+
+@pytest.mark.parametrize(
+    ("status", "expected", "said"),
+    [
+        (503, 502, "upstream failed with HTTP 503 and an error body that was not complete within"),
+        (400, 400, "upstream rejected the request with HTTP 400 and an error body that was not "),
+    ],
+)
+def test_an_error_body_that_never_ends_is_answered_within_the_bound(
+    patient_proxy: tuple[UpstreamDouble, Proxy],
+    client: httpx.Client,
+    status: int,
+    expected: int,
+    said: str,
+) -> None:
+    """Issue 12: answered after 7 s (both stream timeouts), quoting a lone `{`."""
+    double, proxy = patient_proxy
+    double.queue = [[("start", status, JSON_HEAD), ("raw", b"{"), ("sleep", 10)]]
+    before = counts(proxy)
+    started = time.monotonic()
+    answer = client.post(proxy.url + "/v1/responses", json=body())
+    elapsed = time.monotonic() - started
+    assert answer.status_code == expected
+    error = answer.json()["error"]
+    assert error["message"].startswith(said), error
+    assert error["message"].endswith("within 2 s (not quoted)"), error
+    assert "{" not in error["message"]
+    assert 2.0 <= elapsed < 4.0, elapsed  # ERROR_BODY_SECONDS, not the 10 s deadline
+    expected_counts = {"upstream_error": 1} if status >= 500 else {}
+    assert changes(proxy, before, expected_counts) == expected_counts
+    assert_serves_next(double, proxy, client)
+    assert proxy.logs.problems() == [], proxy.logs.text()[-3000:]
+
+
+def test_an_error_body_is_never_waited_for_past_the_request_deadline(
+    double_proxy: tuple[UpstreamDouble, Proxy], client: httpx.Client
+) -> None:
+    double, proxy = double_proxy  # first-token deadline: 1 s, under the 2 s error-body bound
+    double.queue = [[("start", 503, JSON_HEAD), ("raw", b'{"message": "eng'), ("sleep", 10)]]
+    started = time.monotonic()
+    answer = client.post(proxy.url + "/v1/responses", json=body())
+    elapsed = time.monotonic() - started
+    assert answer.status_code == 502
+    assert "was not complete within 0." in answer.json()["error"]["message"]
+    assert FIRST_TOKEN * 0.9 <= elapsed < 2.0, elapsed
+
+
+@pytest.mark.parametrize(
+    ("steps", "said"),
+    [
+        ([("raw", b"x" * 70_000), ("sleep", 10)], "an error body that was longer than 64 KiB"),
+        ([("raw", b'{"message": "eng'), ("cut",)], "an error body that was cut off by the conn"),
+        ([("raw", b"<html>Bad Gateway</html>")], "an error body that is not JSON (24 bytes of t"),
+        ([("raw", b'{"message": "engine restarting"}')], "upstream failed with HTTP 503: engine "),
+    ],
+    ids=["over_the_cap", "cut", "not_json", "json"],
+)
+def test_error_bodies_over_the_cap_cut_or_junk_are_described(
+    patient_proxy: tuple[UpstreamDouble, Proxy],
+    client: httpx.Client,
+    steps: list[tuple[object, ...]],
+    said: str,
+) -> None:
+    double, proxy = patient_proxy
+    content_type = b"application/json" if steps[0][1][:1] == b"{" else b"text/html"  # type: ignore[index]
+    double.queue = [[("start", 503, [(b"content-type", content_type)]), *steps]]
+    started = time.monotonic()
+    answer = client.post(proxy.url + "/v1/responses", json=body())
+    assert time.monotonic() - started < 1.5
+    assert answer.status_code == 502
+    assert said in answer.json()["error"]["message"], answer.json()
+    assert "xxxx" not in answer.text
+    assert_serves_next(double, proxy, client)

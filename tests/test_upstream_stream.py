@@ -653,7 +653,8 @@ def test_completion_stream_frames_and_headers() -> None:
             UpstreamError,
             502,
             "upstream_error",
-            "upstream failed with HTTP 503: oops",
+            "upstream failed with HTTP 503 and an error body that is not JSON (4 bytes of no "
+            "content type; not quoted)",
         ),
         (
             sized(b"{}", b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"),

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Mapping
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +25,13 @@ import orjson
 
 from proxy.errors import ClientError, UpstreamError
 from proxy.sse import Message, SSEDecoder
-from proxy.upstream.completions import Frame, FrameError, error_message, parse_frame
+from proxy.upstream.completions import (
+    Frame,
+    FrameError,
+    describe_error_body,
+    error_message,
+    parse_frame,
+)
 from proxy.upstream.stream import ConnectTimeout, Response, StreamClient, StreamError
 
 #: Hop-by-hop headers (RFC 9110 §7.6.1) and those httpx sets itself: never forwarded.
@@ -47,7 +53,12 @@ HOP_BY_HOP = frozenset(
 _REPLACED = ("content-type", "content-length", "content-encoding", "accept", "accept-encoding")
 #: A frame larger than this is not a trtllm frame: fail instead of buffering without bound.
 MAX_FRAME_BYTES = 8 * 1024 * 1024
-_ERROR_BODY_LIMIT = 64 * 1024
+#: Error bodies (a 4xx/5xx answer to /v1/completions) are read for at most this long after
+#: their head, and never past the request's own first-token deadline: a 503 whose body never
+#: ends is answered in this time, not when the timeouts of a stream run out (issue 12).
+ERROR_BODY_SECONDS = 2.0
+#: ... and up to this size: a message is short; more is not an error object we can quote.
+ERROR_BODY_LIMIT = 64 * 1024
 #: Seconds an idle upstream connection is kept for reuse. Below the 5 s after which uvicorn
 #: (trtllm-serve's server) closes idle connections: at httpx's default, also 5 s, a request
 #: could be written into a connection the server was closing, and failed with a ReadError
@@ -92,8 +103,10 @@ class Upstream:
         connect_timeout: float,
         transport: httpx.AsyncBaseTransport | None = None,
         streams: StreamClient | None = None,
+        error_body_seconds: float = ERROR_BODY_SECONDS,
     ) -> None:
         self.base_url = base_url
+        self._error_body_seconds = error_body_seconds
         # One certificate store for both clients (httpx's: SSL_CERT_FILE / SSL_CERT_DIR, else
         # certifi), and no HTTP(S)_PROXY for either: upstream is the server next to us (a
         # sidecar's localhost, a cluster service), and the completion streams cannot go through
@@ -136,9 +149,11 @@ class Upstream:
         no answer within `timeout`: 504, 5xx or not an event stream: 502) before the first frame.
         The frames raise `FrameError` when the connection breaks or a frame is oversize.
         """
+        deadline = asyncio.get_running_loop().time() + timeout
         response = await self._open(body, headers, timeout)
         try:
-            await _check_status(response)
+            left = deadline - asyncio.get_running_loop().time()
+            await _check_status(response, max(0.0, min(self._error_body_seconds, left)))
             content_type = response.head.get("content-type")
             if not content_type.startswith("text/event-stream"):
                 raise UpstreamError(
@@ -235,9 +250,10 @@ class Upstream:
         except (httpx.HTTPError, ValueError, AttributeError, IndexError) as exc:
             return Capability(False, False, f"upstream not reachable: {type(exc).__name__}", model)
         if answer.status_code != 200:
-            detail = (
-                f"/v1/completions answered {answer.status_code}: {error_message(answer.content)}"
+            said = error_message(answer.content) or describe_error_body(
+                answer.content, answer.headers.get("content-type", "")
             )
+            detail = f"/v1/completions answered {answer.status_code}: {said}"
             return Capability(True, False, detail, model)
         try:
             choice = answer.json()["choices"][0]
@@ -280,23 +296,41 @@ def _wire(headers: Iterable[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
     return [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers]
 
 
-async def _check_status(response: Response) -> None:
+async def _check_status(response: Response, seconds: float) -> None:
     if response.status == 200:
         return
-    raw = b""
-    with suppress(StreamError):  # the status says enough; the message is what came
-        while chunk := await response.read():
-            raw += chunk
-            if len(raw) > _ERROR_BODY_LIMIT:
-                break
-    message = error_message(raw)
+    raw, cut = await _error_body(response, seconds)
+    message = None if cut is not None else error_message(raw)
     status = response.status
-    if 400 <= status < 500:
+    rejected = 400 <= status < 500
+    if message is not None:
+        said = f": {message}"
+    else:
+        what = describe_error_body(raw, response.head.get("content-type"), cut)
+        said = f" with HTTP {status} and {what}" if rejected else f" and {what}"
+    if rejected:
         # Upstream judged the request: pass its status and words on (issue 5).
         raise ClientError(
-            f"upstream rejected the request: {message}", status=status, code="upstream_rejected"
+            f"upstream rejected the request{said}", status=status, code="upstream_rejected"
         )
-    raise UpstreamError(f"upstream failed with HTTP {status}: {message}", code="upstream_error")
+    raise UpstreamError(f"upstream failed with HTTP {status}{said}", code="upstream_error")
+
+
+async def _error_body(response: Response, seconds: float) -> tuple[bytes, str | None]:
+    """Upstream's error body, read for at most `seconds` and `ERROR_BODY_LIMIT` bytes, and why
+    it is incomplete (None: it is whole)."""
+    raw = b""
+    try:
+        async with asyncio.timeout(seconds):
+            while chunk := await response.read():
+                raw += chunk
+                if len(raw) > ERROR_BODY_LIMIT:
+                    return raw[:ERROR_BODY_LIMIT], f"longer than {ERROR_BODY_LIMIT // 1024} KiB"
+    except TimeoutError:
+        return raw, f"not complete within {seconds:g} s"
+    except StreamError:
+        return raw, "cut off by the connection"
+    return raw, None
 
 
 class Frames:
