@@ -3,7 +3,9 @@ requests passed through untouched.
 
 The completion stream of every repaired request, the one call that runs per upstream frame, goes
 through the lean HTTP/1.1 client of `proxy.upstream.stream` (issue 7: less CPU per frame and
-memory per open stream than httpx); the probe, `/health` and pass-through use httpx.
+memory per open stream than httpx), and so does pass-through (issue 12: its llhttp parser and
+pool never let a malformed answer's stray bytes reach the next request); the probe and
+`/health` use httpx.
 
 Errors before the first byte become `UpstreamError`/`ClientError` (an HTTP error for our client);
 errors once frames flow become `FrameError` (the shell turns them into `response.failed`).
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +34,13 @@ from proxy.upstream.completions import (
     error_message,
     parse_frame,
 )
-from proxy.upstream.stream import ConnectTimeout, Response, StreamClient, StreamError
+from proxy.upstream.stream import (
+    ConnectTimeout,
+    MalformedResponseError,
+    Response,
+    StreamClient,
+    StreamError,
+)
 
 #: Hop-by-hop headers (RFC 9110 §7.6.1) and those httpx sets itself: never forwarded.
 HOP_BY_HOP = frozenset(
@@ -92,9 +100,9 @@ class Capability:
 
 
 class Upstream:
-    """trtllm-serve at `base_url`. The streamed `/v1/completions` of repaired requests goes
-    through the lean `StreamClient` (`streams`, injectable); everything else through httpx,
-    whose `transport` is injectable (tests, the in-process simulator)."""
+    """trtllm-serve at `base_url`. The streamed `/v1/completions` of repaired requests and
+    the requests passed through go through the lean `StreamClient` (`streams`, injectable);
+    the probe and `/health` through httpx, whose `transport` is injectable."""
 
     def __init__(
         self,
@@ -185,9 +193,22 @@ class Upstream:
                 ("accept-encoding", "identity"),
             ]
         )
+        return await self._send("POST", "/v1/completions", wire, orjson.dumps(body), None, timeout)
+
+    async def _send(
+        self,
+        method: str,
+        target: str,
+        wire: list[tuple[bytes, bytes]],
+        body: bytes | AsyncIterable[bytes],
+        length: int | None,
+        timeout: float,
+    ) -> Response:
+        """One request on the lean client, its failures before the head as `UpstreamError`s.
+        Errors of a streamed body's source (our client's 413, its disconnect) pass as they are."""
         try:
             async with asyncio.timeout(timeout):
-                return await self._streams.send("POST", "/v1/completions", wire, orjson.dumps(body))
+                return await self._streams.send(method, target, wire, body, length=length)
         except TimeoutError:
             raise UpstreamError(
                 f"upstream did not answer within {timeout:g} s",
@@ -200,28 +221,11 @@ class Upstream:
                 status=504,
                 code="upstream_timeout",
             ) from exc
+        except MalformedResponseError as exc:
+            raise UpstreamError(
+                f"upstream sent an invalid HTTP response: {exc}", code="upstream_bad_response"
+            ) from exc
         except StreamError as exc:
-            raise UpstreamError(
-                f"cannot reach upstream {self.base_url}: {type(exc).__name__}",
-                code="upstream_unreachable",
-            ) from exc
-
-    async def _send(self, request: httpx.Request, timeout: float) -> httpx.Response:
-        try:
-            return await asyncio.wait_for(self._client.send(request, stream=True), timeout)
-        except TimeoutError:
-            raise UpstreamError(
-                f"upstream did not answer within {timeout:g} s",
-                status=504,
-                code="upstream_timeout",
-            ) from None
-        except httpx.TimeoutException as exc:
-            raise UpstreamError(
-                f"could not connect to upstream {self.base_url} in time ({type(exc).__name__})",
-                status=504,
-                code="upstream_timeout",
-            ) from exc
-        except httpx.TransportError as exc:
             raise UpstreamError(
                 f"cannot reach upstream {self.base_url}: {type(exc).__name__}",
                 code="upstream_unreachable",
@@ -273,19 +277,30 @@ class Upstream:
         method: str,
         target: str,
         headers: Iterable[tuple[str, str]],
-        body: AsyncIterator[bytes] | bytes,
+        body: bytes | AsyncIterable[bytes],
         *,
+        length: int | None = None,
         timeout: float,
-    ) -> AsyncIterator[httpx.Response]:
-        """Send a request through unchanged (pass-through) and yield upstream's streamed answer."""
-        request = self._client.build_request(
-            method, target, headers=_wire(end_to_end(headers)), content=body
-        )
-        response = await self._send(request, timeout)
+    ) -> AsyncIterator[Response]:
+        """Send a request through unchanged (pass-through) and yield upstream's answer, whose
+        body is read as it arrives (`Response.read`). A streamed `body` goes up with `length`
+        as its Content-Length, or chunked.
+
+        Raises `UpstreamError` before the answer's head is ours: unreachable (502), no head
+        within `timeout` (504), an invalid head or a bodyless answer followed by bytes — a 204
+        "with a body" (502, `upstream_bad_response`)."""
+        # The client's Content-Length describes the body as it comes; ours is written anew.
+        wire = _wire(end_to_end(headers, drop=("content-length",)))
+        response = await self._send(method, target, wire, body, length, timeout)
         try:
+            if response.done and response.trailing:
+                raise UpstreamError(
+                    f"upstream sent bytes after the end of its HTTP {response.status} answer",
+                    code="upstream_bad_response",
+                )
             yield response
         finally:
-            await response.aclose()
+            response.close()
 
 
 def _wire(headers: Iterable[tuple[str, str]]) -> list[tuple[bytes, bytes]]:

@@ -186,7 +186,7 @@ class ResponseReader:
             raise cause if isinstance(cause, ProtocolError) else ProtocolError(str(exc)) from None
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
             if self.state is not _DONE:
-                raise ProtocolError(f"invalid response: {exc}") from None
+                raise ProtocolError(str(exc)) from None
             # Garbage after a complete response: the response stands, the connection does not.
             self._trailing = True
 
@@ -222,7 +222,7 @@ class ResponseReader:
             for coding in value.split(",")
         ]
         if codings and codings != ["chunked"]:
-            raise ProtocolError(f"unsupported transfer coding {', '.join(codings)!r}")
+            raise ProtocolError(f"unsupported transfer coding {', '.join(codings)[:100]!r}")
         length = head.get("content-length")
         if status == 204 and (codings or length not in ("", "0")):
             raise ProtocolError("a 204 (No Content) response that announces a body")
