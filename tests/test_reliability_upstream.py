@@ -379,6 +379,20 @@ def test_a_pass_through_answer_that_breaks_after_our_head_is_aborted_visibly(
     assert_one_line_and_next_served(proxy, client, f"after-{case}", kind)
 
 
+def test_a_pass_through_answer_that_never_comes_is_a_504(
+    raw_proxy: tuple[RawUpstream, Proxy], client: httpx.Client
+) -> None:
+    upstream, proxy = raw_proxy
+    upstream.answers[b"/case"] = ([], "hold")  # reads the request, answers nothing
+    before = counts(proxy)
+    answer = client.get(proxy.url + "/case", headers={"x-request-id": "no-head"})
+    assert answer.status_code == 504
+    assert answer.json()["error"]["code"] == "upstream_timeout"
+    expected = {"timeout": 1, "timeout_first_byte": 1}
+    assert changes(proxy, before, expected) == expected
+    assert_one_line_and_next_served(proxy, client, "no-head", "upstream_timeout")
+
+
 def test_a_stall_between_body_reads_is_an_idle_timeout(
     raw_proxy: tuple[RawUpstream, Proxy], client: httpx.Client
 ) -> None:

@@ -73,29 +73,39 @@ def test_a_streamed_body_goes_up_whole_and_the_connection_is_reused(length: int 
     asyncio.run(run())
 
 
-def test_a_large_body_to_a_slow_upstream_arrives_whole() -> None:
-    """Writes wait while upstream's socket is full (`pause_writing`), then go on."""
-    blob = bytes(range(256)) * 64  # 16 KiB
-    count = 256  # 4 MiB: more than the socket buffers hold
+def test_a_large_body_to_a_slow_upstream_waits_for_it_and_arrives_whole() -> None:
+    """Writes wait while upstream's socket is full (`pause_writing`): the body is taken from
+    its source (our client) only as fast as upstream reads it."""
+    blob = bytes(range(256)) * 256  # 64 KiB
+    count = 256  # 16 MiB: far more than the socket buffers hold (~4 MiB here)
+    taken: list[int] = []
+    taken_when_read: list[int] = []
+
+    async def source() -> AsyncIterator[bytes]:
+        for number in range(count):
+            taken.append(number)
+            yield blob
 
     async def slow(request: Request, writer: asyncio.StreamWriter) -> bool:
-        body = b""
+        await asyncio.sleep(0.3)  # busy: reads nothing yet
+        taken_when_read.append(len(taken))
+        size = 0
         while True:
-            size = int((await request.reader.readuntil(b"\r\n"))[:-2], 16)
-            await asyncio.sleep(0.001)
-            if size == 0:
+            length = int((await request.reader.readuntil(b"\r\n"))[:-2], 16)
+            if length == 0:
                 await request.reader.readuntil(b"\r\n")
                 break
-            body += (await request.reader.readexactly(size + 2))[:-2]
-        writer.write(sized(b"%d" % len(body), OK))
+            size += len(await request.reader.readexactly(length + 2)) - 2
+        writer.write(sized(b"%d" % size, OK))
         await writer.drain()
         return True
 
     async def run() -> None:
         async with serving(slow) as server:
             client = client_for(server)
-            got = await body_of(client, "POST", "/x", [], pieces(*[blob] * count), length=None)
+            got = await body_of(client, "POST", "/x", [], source(), length=None)
             assert got == (200, b"%d" % (count * len(blob)))
+            assert taken_when_read[0] * len(blob) < 8 * 1024 * 1024, taken_when_read
             await client.aclose()
 
     asyncio.run(run())
