@@ -133,7 +133,8 @@ FIELDS: tuple[Field, ...] = (
           "seconds from the request to upstream's first token "
           "(prefill of long prompts under load)"),
     Field("idle_timeout", _positive_float, 120.0,
-          "seconds allowed between two upstream frames once tokens flow"),
+          "seconds allowed between two upstream tokens once they flow (frames without tokens "
+          "do not count); in pass-through, between two reads of upstream's body"),
     Field("send_timeout", _positive_float, 60.0,
           "seconds a client may accept nothing (not reading) before its stream is dropped "
           "and its upstream request released"),

@@ -29,6 +29,20 @@ DISCONNECT_PHASES = ("before_upstream", "before_first_token", "streaming", "pass
 CLIENT_TIMEOUT = "client_send"
 #: Upstream timeouts: before its first token, between frames, before its response headers.
 TIMEOUT_KINDS = ("first_token", "idle", "first_byte", CLIENT_TIMEOUT)
+#: `proxy_upstream_errors_total` kinds: the error codes of upstream failures, on both routes
+#: (a timeout is `timeout`). Pass-through (issue 12): `upstream_bad_response` for an answer
+#: that is no valid HTTP response (502 before our head, an abort after it),
+#: `upstream_disconnected` for one cut after our head.
+UPSTREAM_ERROR_KINDS = (
+    "upstream_unreachable",
+    "upstream_error",
+    "upstream_bad_response",
+    "upstream_disconnected",
+    "upstream_incomplete",
+    "malformed_frame",
+    "missing_token_ids",
+    "timeout",
+)
 
 _FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 _TTFT = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -181,6 +195,8 @@ class Metrics:
             self.disconnects.labels(phase)
         for kind in TIMEOUT_KINDS:
             self.timeouts.labels(kind)
+        for kind in UPSTREAM_ERROR_KINDS:
+            self.upstream_errors.labels(kind)
         for status_class in ("2xx", "4xx", "5xx"):
             self.passthrough.labels(status_class)
 

@@ -70,3 +70,17 @@ def test_core_benchmarks_print_their_tables(
     script: str, args: tuple[str, ...], expect: str
 ) -> None:
     assert re.search(expect, bench(script, *args))
+
+
+def test_http_parser_compares_parsers_and_proxies_before_and_after() -> None:
+    output = bench(
+        "http_parser.py",
+        *("--repeats", "1", "--frames", "20", "--baseline", "HEAD"),
+        *("--requests", "1", "--tokens", "60"),
+    )
+    table = rows(output)
+    for parser in ("llhttp (httptools)", "http1.py at HEAD", "h11"):
+        assert float(table[parser][0]) > 0, table  # per frame µs
+    for proxy in ("proxy at HEAD", "proxy (this checkout)"):
+        assert table[proxy][0] != "0", table  # frames were timed
+        assert table[proxy][-1] == "0", table  # no errors

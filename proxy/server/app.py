@@ -195,6 +195,7 @@ def create_app(
             metrics=metrics,
             request_id=request_id,
             timeout=settings.first_token_timeout,
+            idle_timeout=settings.idle_timeout,
             send_timeout=settings.send_timeout,
             max_body_bytes=settings.max_body_bytes,
             log=log,

@@ -20,6 +20,7 @@ core's `error` + `response.failed`. A client that goes away cancels the exchange
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -187,6 +188,12 @@ class Exchange:
         """Yield the events of each upstream frame ([] = time for a keepalive) until the core
         ended; raise `_End` with the failure events when the stream breaks.
 
+        Both deadlines count from the last *token* (issue 12): the first token within
+        `first_token_timeout` of the request, each next one within `idle_timeout` of the one
+        before. Frames without tokens (empty ones, the usage frame) reset neither, so an
+        upstream that sends one token and then empty frames for ever still ends in
+        `upstream_timeout`. Keepalives count from the last bytes written to the client.
+
         The wait for a frame is one `await` under a deadline (`Frames` is cancel-safe), so a
         frame reaches the core one event-loop wake-up after its bytes: no task or
         `asyncio.wait` per frame. The drain's end expires the current wait at once."""
@@ -201,33 +208,29 @@ class Exchange:
         state.interrupts.add(interrupt)
         deadline = self.started + settings.first_token_timeout
         timeout_kind = "first_token"
+        ping_every = settings.keepalive_interval if keepalive else math.inf
+        ping_at = deps.monotonic() + ping_every
         try:
             while not core.ended:
                 if state.force_end:
                     self._fail(_SHUTTING_DOWN, "the proxy is shutting down")
                 now = deps.monotonic()
-                wait = max(0.0, deadline - now)
-                if keepalive:
-                    wait = min(wait, settings.keepalive_interval)
-                try:
-                    async with asyncio.timeout(wait) as timer:
-                        frame = await frames.__anext__()
-                except TimeoutError:
-                    if state.force_end:
-                        self._fail(_SHUTTING_DOWN, "the proxy is shutting down")
-                    if deps.monotonic() >= deadline:
-                        deps.metrics.timeouts.labels(timeout_kind).inc()
-                        limit = (
-                            settings.first_token_timeout
-                            if timeout_kind == "first_token"
-                            else settings.idle_timeout
-                        )
-                        what = "first token" if timeout_kind == "first_token" else "next frame"
-                        self._fail(
-                            "upstream_timeout", f"upstream sent no {what} within {limit:g} s"
-                        )
+                if now >= deadline:
+                    deps.metrics.timeouts.labels(timeout_kind).inc()
+                    if timeout_kind == "first_token":
+                        limit, what = settings.first_token_timeout, "first token"
+                    else:
+                        limit, what = settings.idle_timeout, "next token"
+                    self._fail("upstream_timeout", f"upstream sent no {what} within {limit:g} s")
+                if now >= ping_at:
+                    ping_at = now + ping_every
                     yield []
                     continue
+                try:
+                    async with asyncio.timeout(min(deadline, ping_at) - now) as timer:
+                        frame = await frames.__anext__()
+                except TimeoutError:
+                    continue  # a deadline, a keepalive, or the drain's end: see above
                 except StopAsyncIteration:
                     self._fail(
                         "upstream_incomplete",
@@ -248,13 +251,14 @@ class Exchange:
                     if frame.token_ids:
                         self.phase = "streaming"
                         timeout_kind = "idle"
+                        deadline = arrived + settings.idle_timeout
                 if frame.finish_reason is not None:
                     events += core.finish(frame.finish_reason, frame.stop_reason)
-                if timeout_kind == "idle":  # empty frames do not end the wait for a first token
-                    deadline = arrived + settings.idle_timeout
                 if events:
                     yield events
-                    deps.metrics.frame_overhead.observe(deps.monotonic() - arrived)
+                    sent = deps.monotonic()
+                    ping_at = sent + ping_every
+                    deps.metrics.frame_overhead.observe(sent - arrived)
                     core.account()  # the recovery accounting, once the events are out
                 if frame.token_ids or frame.finish_reason is None:
                     deps.metrics.tokens_per_frame.observe(len(frame.token_ids))

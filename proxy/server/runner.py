@@ -27,6 +27,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from proxy.config import Settings
+from proxy.server import asgi
 from proxy.server.app import create_app
 from proxy.server.repair import ServerState
 
@@ -113,6 +114,9 @@ async def serve(settings: Settings, encoding: HarmonyEncoding, logger: logging.L
     state = ServerState()
     registry = CollectorRegistry()
     app = create_app(settings, encoding, state=state, registry=registry, logger=logger)
+    # A pass-through answer that upstream breaks after our head is aborted by raising
+    # `ResponseAborted` (logged and counted by the app already): not an error for uvicorn.
+    asgi.quiet_aborts()
     config = uvicorn.Config(
         app,
         host=settings.host,
