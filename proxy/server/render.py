@@ -109,10 +109,12 @@ class _Worker:
         assert process.stdout is not None
         self.stdin = process.stdin
         self.stdout = process.stdout
+        self.booted = False
+        self.killed = False
 
     @property
     def alive(self) -> bool:
-        return self.process.returncode is None
+        return self.process.returncode is None and not self.killed
 
     async def read(self) -> tuple[bytes, memoryview]:
         header = await self.stdout.readexactly(wire.HEADER.size)
@@ -126,6 +128,7 @@ class _Worker:
 
     def kill(self) -> None:
         if self.alive:
+            self.killed = True
             with contextlib.suppress(ProcessLookupError):
                 self.process.kill()
 
@@ -161,7 +164,6 @@ class RenderPool:
         self._workers: set[_Worker] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._waiting = 0
-        self._ready = 0
         self._closing = False
         self._started = False
 
@@ -176,17 +178,20 @@ class RenderPool:
     async def wait_ready(self, timeout: float = BOOT_TIMEOUT) -> None:
         """Wait until every worker is ready (benchmarks and tests)."""
         async with asyncio.timeout(timeout):
-            while self._ready < self._size:
+            while self._ready() < self._size:
                 await asyncio.sleep(0.01)
+
+    def _ready(self) -> int:
+        return sum(1 for worker in self._workers if worker.booted and worker.alive)
 
     def ready(self) -> bool:
         """At least one worker can render (part of `/readyz`)."""
-        return self._ready > 0
+        return self._ready() > 0
 
     @property
     def pids(self) -> list[int]:
         """Process ids of the live workers (benchmarks read their memory)."""
-        return [worker.process.pid for worker in self._workers if worker.alive]
+        return [worker.process.pid for worker in self._workers if worker.process.returncode is None]
 
     async def aclose(self) -> None:
         """End every worker and the tasks that watch them."""
@@ -233,15 +238,13 @@ class RenderPool:
                 pass
             if booted:
                 failures = 0
-                self._ready += 1
+                worker.booted = True
                 self._log("render worker ready", pid=process.pid)
                 self._idle.put_nowait(worker)
             else:
                 worker.kill()
             code = await process.wait()
             self._workers.discard(worker)
-            if booted:
-                self._ready -= 1
             if self._closing:
                 return
             self._log("render worker exited", pid=process.pid, exit_code=code, ready=booted)
