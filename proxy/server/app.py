@@ -178,7 +178,7 @@ def create_app(
                 "the proxy is shutting down; retry on another replica",
                 code="server_shutting_down",
             )
-            await _reject(send, error, request_id, started)
+            await _reject(send, error, request_id, started, close=not _body_coming(scope))
             return
         # The body is read, parsed and rendered within its share of the body budget (budget.py).
         async with budget.reservation() as hold:
@@ -190,7 +190,8 @@ def create_app(
                 metrics.disconnects.labels("before_upstream").inc()
                 return
             except (ClientError, UnavailableError) as error:
-                await _reject(send, error, request_id, started)
+                close = error.status == 413 and not _body_coming(scope)
+                await _reject(send, error, request_id, started, close=close)
                 return
             model = body.get("model")
             if (isinstance(model, str) and not settings.repairs(model)) or (
@@ -204,13 +205,13 @@ def create_app(
                 deps, scope, inbound, send, body, request_id, started, on_prepared=hold.release
             )
 
-    async def _reject(send: Send, error: ProxyError, request_id: str, started: float) -> None:
+    async def _reject(
+        send: Send, error: ProxyError, request_id: str, started: float, *, close: bool = False
+    ) -> None:
         headers = [(b"x-request-id", request_id.encode())]
         if error.status in (429, 503):
             headers.append((b"retry-after", b"1"))
-        if error.status in (413, 503):
-            # 413 before the body was read (Expect: 100-continue), 503 while draining: this
-            # connection's unread body or next request is not for us.
+        if close:
             headers.append((b"connection", b"close"))
         await asgi.send_error(send, error, headers)
         outcome = "rejected" if error.status == 503 else "client_error"
@@ -310,6 +311,22 @@ def create_app(
     app.state.registry = registry
     app.state.renderer = renderer
     return app
+
+
+def _body_coming(scope: Scope) -> bool:
+    """Whether the client is sending a body we have not read. Refused before reading it, a
+    connection is closed only when none is on its way (`Expect: 100-continue` waits for our
+    word; no body at all): closing on unread bytes resets the connection, and the client may
+    lose our answer. Otherwise uvicorn reads and drops the rest of the body."""
+    length = None
+    for name, value in scope["headers"]:
+        if name == b"expect" and value.lower() == b"100-continue":
+            return False
+        if name == b"transfer-encoding":
+            return True
+        if name == b"content-length":
+            length = value
+    return length is not None and length.strip() != b"0"
 
 
 def _renderer(

@@ -14,6 +14,11 @@ payload:
                       b"E" + orjson {status,message,param,code}   the ClientError it raised
                       b"X" + text                          anything else it raised (our bug)
 
+openai-harmony can also *panic* on a costly input (a 1 MB run of one letter overflows the stack
+of its regex: `pyo3_runtime.PanicException`, a BaseException; inline it used to answer 500). The
+worker answers that as a 400 `render_failed` and then exits (state inside the Rust encoding is
+not to be trusted after a panic); the pool starts a new one.
+
 The prompt ids travel as packed uint32 (`array`), not pickled ints: 190,000 ids decode in ~2 ms
 instead of ~11 ms, and that decode runs on the parent's event loop.
 
@@ -89,14 +94,33 @@ def decode_error(payload: memoryview) -> ClientError:
     )
 
 
+class Panicked(Exception):
+    """openai-harmony panicked: the reply is sent, then the worker exits (module doc)."""
+
+    def __init__(self, reply: bytes) -> None:
+        super().__init__("openai-harmony panicked")
+        self.reply = reply
+
+
 def handle(raw: bytes, encoding: Any, prefixes: PrefixCache) -> bytes:
-    """One request frame → one reply payload (never raises for what the client sent)."""
+    """One request frame → one reply payload (never raises for what the client sent; raises
+    `Panicked`, carrying the reply, when openai-harmony panicked)."""
     try:
         prepared = prepare_request(orjson.loads(raw), encoding, prefixes=prefixes)
     except ClientError as error:
         return encode_error(error)
     except Exception as exc:  # our bug: reported to the parent, which logs and answers it
         return FAILURE + f"{type(exc).__name__}: {exc}"[:500].encode("utf-8", "replace")
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt | SystemExit | GeneratorExit):
+            raise
+        error = ClientError(
+            "openai-harmony could not render this request (it failed on a very long run of "
+            "text without whitespace or a similar costly input)",
+            param="input",
+            code="render_failed",
+        )
+        raise Panicked(encode_error(error)) from exc
     return encode_prepared(prepared)
 
 
@@ -131,7 +155,12 @@ def serve(vocab_dir: Path, inbound: BinaryIO, outbound: BinaryIO) -> None:
         raw = _read_exact(inbound, HEADER.unpack(header)[0])
         if raw is None:
             return
-        _write(outbound, handle(raw, encoding, prefixes))
+        try:
+            reply = handle(raw, encoding, prefixes)
+        except Panicked as panic:
+            _write(outbound, panic.reply)
+            return
+        _write(outbound, reply)
 
 
 def main(argv: list[str]) -> int:
