@@ -114,13 +114,13 @@ def handle(raw: bytes, encoding: Any, prefixes: PrefixCache) -> bytes:
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt | SystemExit | GeneratorExit):
             raise
-        error = ClientError(
+        refusal = ClientError(
             "openai-harmony could not render this request (it failed on a very long run of "
             "text without whitespace or a similar costly input)",
             param="input",
             code="render_failed",
         )
-        raise Panicked(encode_error(error)) from exc
+        raise Panicked(encode_error(refusal)) from exc
     return encode_prepared(prepared)
 
 
