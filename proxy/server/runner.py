@@ -16,8 +16,9 @@ Draining (issues 5 and 12), what Kubernetes can rely on. At the first SIGTERM/SI
    `_UVICORN_GRACE` for anything left (only a pass-through or a client that stopped reading
    could be), and the lifespan ends the render workers and the upstream client.
 
-So the process exits at most `drain_timeout` + ~1.7 s after the signal, with nothing cancelled
-by uvicorn in the normal case (it used to log "Cancel N running task(s)" and answer waiters 500).
+So the process exits at most `drain_timeout` + `EXIT_MARGIN` (2 s) after the signal, with nothing
+cancelled by uvicorn in the normal case (it used to log "Cancel N running task(s)" and answer
+waiters 500).
 A second signal stops at once.
 """
 
@@ -47,6 +48,10 @@ from proxy.server.repair import ServerState
 _END_GRACE = 0.5
 #: Seconds uvicorn then waits for what is left before cancelling it (timeout_graceful_shutdown).
 _UVICORN_GRACE = 1
+#: The process exits at most this many seconds after `drain_timeout` (issue 12; the deploy
+#: files' preStop, probes and terminationGracePeriodSeconds are checked against it):
+#: `_END_GRACE` + `_UVICORN_GRACE` + two of uvicorn's 0.1 s ticks + the lifespan's end.
+EXIT_MARGIN = 2.0
 
 
 class QuietServer(uvicorn.Server):
