@@ -275,7 +275,7 @@ class RenderPool:
         if kind == wire.PREPARED:
             self._on_render("worker", "ok")
             return wire.decode_prepared(reply)
-        if kind == wire.CLIENT_ERROR:
+        if kind in (wire.CLIENT_ERROR, wire.PANICKED):
             self._on_render("worker", "client_error")
             raise wire.decode_error(reply)
         self._on_render("worker", "failed")
@@ -340,7 +340,10 @@ class RenderPool:
         except BaseException:
             worker.kill()  # cancelled mid-exchange (shutdown): its reply would be out of step
             raise
-        self._idle.put_nowait(worker)
+        if reply[0] == wire.PANICKED:
+            worker.kill()  # it exits by itself; never hand it another request
+        else:
+            self._idle.put_nowait(worker)
         return reply
 
 

@@ -13,6 +13,7 @@ payload:
                       b"O" + u32 n + pickle(light) + ids   a PreparedRequest (`encode_prepared`)
                       b"E" + orjson {status,message,param,code}   the ClientError it raised
                       b"X" + text                          anything else it raised (our bug)
+                      b"P" + orjson {…}                    a 400 after a panic: the worker exits
 
 openai-harmony can also *panic* on a costly input (a 1 MB run of one letter overflows the stack
 of its regex: `pyo3_runtime.PanicException`, a BaseException; inline it used to answer 500). The
@@ -51,6 +52,7 @@ READY = b"R"
 PREPARED = b"O"
 CLIENT_ERROR = b"E"
 FAILURE = b"X"
+PANICKED = b"P"
 
 
 def encode_prepared(prepared: PreparedRequest) -> bytes:
@@ -120,7 +122,7 @@ def handle(raw: bytes, encoding: Any, prefixes: PrefixCache) -> bytes:
             param="input",
             code="render_failed",
         )
-        raise Panicked(encode_error(refusal)) from exc
+        raise Panicked(PANICKED + encode_error(refusal)[1:]) from exc
     return encode_prepared(prepared)
 
 
