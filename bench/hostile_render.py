@@ -95,7 +95,10 @@ async def streamer(
     phase: Callable[[], Phase],
     stop: asyncio.Event,
     tokens: int,
+    switch: list[float],
+    hostile: Phase,
 ) -> None:
+    """Stream answers until `stop`; a frame sent after `switch[0]` counts for `hostile`."""
     body = orjson.dumps({"model": harness.MODEL, "input": f"Story {number}", "stream": True})
     count = 0
     while not stop.is_set():
@@ -117,7 +120,7 @@ async def streamer(
         for sent in frames:
             cut = bisect.bisect_left(reads, sent)
             if cut < len(reads):
-                current.frames.append(reads[cut] - sent)
+                (hostile if sent >= switch[0] else current).frames.append(reads[cut] - sent)
 
 
 async def send_one(port: int, payload: bytes) -> tuple[int, str, float]:
@@ -148,13 +151,16 @@ async def one_run(args: argparse.Namespace, label: str, **settings: str) -> dict
     proxy = await harness.start_proxy(sim.url, **settings)
     quiet, hostile = Phase(), Phase()
     current = [Phase()]  # warm-up: connections, caches, the render worker's first render
+    switch = [float("inf")]  # when the hostile client starts
     stop = asyncio.Event()
     results: dict[str, Any] = {"quiet": quiet, "hostile": hostile, "answers": []}
     try:
         tasks = [asyncio.ensure_future(probe(proxy.port, lambda: current[0], stop))]
         tasks += [
             asyncio.ensure_future(
-                streamer(n, proxy.port, recorder, lambda: current[0], stop, args.tokens)
+                streamer(
+                    n, proxy.port, recorder, lambda: current[0], stop, args.tokens, switch, hostile
+                )
             )
             for n in range(args.streams)
         ]
@@ -162,6 +168,7 @@ async def one_run(args: argparse.Namespace, label: str, **settings: str) -> dict
         current[0] = quiet
         await asyncio.sleep(args.quiet)
         current[0] = hostile
+        switch[0] = time.monotonic()
         bodies = hostile_bodies(args.chars)
         bodies += [("realistic 500 KB", realistic(500_000))]
         bodies += [

@@ -60,6 +60,30 @@ def test_a_reservation_that_does_not_come_is_a_503_and_unblocks_the_queue() -> N
     asyncio.run(scenario())
 
 
+def test_a_waiter_cancelled_as_room_comes_free_is_skipped() -> None:
+    """The wait of a request is cancelled (its timeout, its client gone) and, before its task
+    runs again, another request releases: the release must not grant the cancelled wait."""
+
+    async def scenario() -> None:
+        budget = BodyBudget(100, wait=5)
+        holder = budget.reservation()
+        await holder.ensure(100)
+        cancelled = asyncio.ensure_future(budget.reservation().ensure(50))
+        served = budget.reservation()
+        behind = asyncio.ensure_future(served.ensure(50))
+        await asyncio.sleep(0.01)
+        cancelled.cancel()  # its waiter is cancelled now, its handler runs later
+        holder.release()  # meets the cancelled waiter first
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        await behind
+        assert budget.used == 50
+        served.release()
+        assert budget.used == 0
+
+    asyncio.run(scenario())
+
+
 def test_a_body_larger_than_the_budget_takes_all_of_it() -> None:
     async def scenario() -> None:
         budget = BodyBudget(100, wait=1)

@@ -38,7 +38,7 @@ from proxy.harmony.response import IdFactory, random_id
 from proxy.logs import get_logger
 from proxy.metrics import Metrics
 from proxy.server import asgi, passthrough
-from proxy.server.budget import BodyBudget, read_body
+from proxy.server.budget import BodyBudget, discard_body, read_body
 from proxy.server.render import InlineRenderer, Renderer, RenderPool
 from proxy.server.repair import RepairDeps, ServerState, serve_repaired
 from proxy.upstream.client import Upstream
@@ -178,7 +178,9 @@ def create_app(
                 "the proxy is shutting down; retry on another replica",
                 code="server_shutting_down",
             )
-            await _reject(send, error, request_id, started, close=not _body_coming(scope))
+            if _body_coming(scope):
+                await discard_body(inbound, settings.max_body_bytes)
+            await _reject(send, error, request_id, started, close=True)
             return
         # The body is read, parsed and rendered within its share of the body budget (budget.py).
         async with budget.reservation() as hold:
@@ -191,6 +193,9 @@ def create_app(
                 return
             except (ClientError, UnavailableError) as error:
                 close = error.status == 413 and not _body_coming(scope)
+                if isinstance(error, UnavailableError) and _body_coming(scope):
+                    hold.release()
+                    await discard_body(inbound, settings.max_body_bytes)
                 await _reject(send, error, request_id, started, close=close)
                 return
             model = body.get("model")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 from types import TracebackType
 
 from starlette.types import Scope
@@ -31,6 +32,8 @@ from proxy.server import asgi
 
 #: Growth step of a chunked body's reservation.
 STEP = 1024 * 1024
+#: Seconds spent reading and dropping the body of a request refused before it was read.
+DISCARD_SECONDS = 2.0
 
 
 class BodyBudget:
@@ -63,7 +66,9 @@ class BodyBudget:
             if waiter.done() and not waiter.cancelled():
                 self._release(size)  # granted just as the wait ended
             else:
-                self._waiters.remove(entry)
+                # Cancelled (timeout, client gone): `_wake` may have dropped it already.
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(entry)
                 self._wake()  # a smaller request behind this one may fit now
             raise
         return size
@@ -73,8 +78,14 @@ class BodyBudget:
         self._wake()
 
     def _wake(self) -> None:
-        while self._waiters and self.used + self._waiters[0][0] <= self.limit:
-            size, waiter = self._waiters.popleft()
+        while self._waiters:
+            size, waiter = self._waiters[0]
+            if waiter.done():  # its task was cancelled; its handler has not run yet
+                self._waiters.popleft()
+                continue
+            if self.used + size > self.limit:
+                return
+            self._waiters.popleft()
             self.used += size
             waiter.set_result(None)
 
@@ -157,3 +168,14 @@ async def read_body(scope: Scope, inbound: asgi.Inbound, hold: Reservation, limi
             await hold.ensure(-(-size // STEP) * STEP)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def discard_body(inbound: asgi.Inbound, limit: int) -> None:
+    """Read and drop the body of a request refused before it was read (a 503: budget full, or
+    draining), for at most `DISCARD_SECONDS`: answering while the client still sends and then
+    closing (its own `Connection: close`) resets the connection, and the client loses the 503
+    (a lingering close, as nginx does). Nothing is kept, so it costs no memory."""
+    with contextlib.suppress(TimeoutError, ClientError, asgi.ClientDisconnected):
+        async with asyncio.timeout(DISCARD_SECONDS):
+            async for _ in inbound.stream_body(limit):
+                pass
