@@ -46,22 +46,38 @@ from proxy.server.render import (
 MODEL = harness.MODEL
 
 
+def _largest(make: Callable[[int], dict[str, Any]]) -> dict[str, Any]:
+    """`make(n)` for the largest n whose body `is_cheap` still lets render inline."""
+    n = 1
+    while is_cheap(orjson.dumps(make(n * 2))):
+        n *= 2
+    step = n // 2
+    while step:
+        if is_cheap(orjson.dumps(make(n + step))):
+            n += step
+        step //= 2
+    return make(n)
+
+
 def bound_bodies() -> dict[str, dict[str, Any]]:
-    """The costliest bodies still under every inline bound."""
+    """The costliest bodies still under every inline bound (each grown until the next byte
+    would send it to a worker)."""
     items = INLINE_MAX_OBJECTS - 1  # the body itself is an object too
-    run = "a" * (INLINE_MAX_RUN - 2)  # the run includes the quotes
-    words = "word " * ((INLINE_MAX_BYTES - 60) // 5)
-    per_item = (INLINE_MAX_BYTES - 60) // items - 40
+
+    def run(n: int) -> dict[str, Any]:
+        return {"model": MODEL, "input": "a" * n}
+
+    def words(n: int) -> dict[str, Any]:
+        return {"model": MODEL, "input": "word " * n}
+
+    def objects(n: int) -> dict[str, Any]:
+        return {"model": MODEL, "input": [{"role": "user", "content": "a" * n}] * items}
+
     return {
-        f"{items} items": {"model": MODEL, "input": [{"role": "user", "content": "a"}] * items},
-        f"run of {len(run)}": {"model": MODEL, "input": run},
-        f"{INLINE_MAX_BYTES} bytes of words": {"model": MODEL, "input": words},
-        "all at once": {
-            "model": MODEL,
-            "input": [
-                {"role": "user", "content": (run[:per_item] + " ") * 1} for _ in range(items)
-            ],
-        },
+        "longest run": _largest(run),
+        "most bytes (words)": _largest(words),
+        f"{items} items, one letter each": objects(1),
+        f"{items} items, longest runs": _largest(objects),
     }
 
 

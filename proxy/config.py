@@ -147,7 +147,7 @@ FIELDS: tuple[Field, ...] = (
     Field("render_workers", _non_negative_int, 1,
           "processes that validate and render /v1/responses requests off the event loop "
           "(0: render on the event loop, the old behaviour)"),
-    Field("render_timeout", _positive_float, 10.0,
+    Field("render_timeout", _positive_float, 20.0,
           "seconds a request may take to render (400 above it, the worker is replaced), and "
           "wait for a free render worker (429 above it)"),
     Field("render_queue", _positive_int, 32,
@@ -198,7 +198,7 @@ class Settings:
     drain_timeout: float = 30.0
     drain_linger: float = 1.0
     render_workers: int = 1
-    render_timeout: float = 10.0
+    render_timeout: float = 20.0
     render_queue: int = 32
     body_budget_bytes: int = 64 * 1024 * 1024
     body_budget_wait: float = 5.0
