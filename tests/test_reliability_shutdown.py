@@ -203,7 +203,11 @@ def test_sigterm_drain_answers_every_request_and_exits_in_time(
         assert drain - 0.3 <= ended - signalled <= drain + 1.0
     assert drain - 0.3 <= long_ended - signalled <= drain + 1.0
     # the process: gone within drain_timeout + 2 s, exit status 0, nothing logged as an error
-    print(f"\ndrain {drain} s: process gone {took:.2f} s after SIGTERM")
+    print(
+        f"\ndrain {drain} s: long stream ended {long_ended - signalled:.2f} s, waiters "
+        f"{[round(ended - signalled, 2) for _, ended in results[2:]]} s, process gone "
+        f"{took:.2f} s after SIGTERM"
+    )
     assert took < drain + GRACE, f"exit took {took:.2f} s"
     assert proxy.popen.returncode == 0
     log = proxy.log_text()
@@ -227,6 +231,7 @@ def test_an_idle_proxy_exits_after_the_linger(
         took = time.monotonic() - signalled
     finally:
         proxy.stop()
+    print(f"\nidle proxy gone {took:.2f} s after SIGTERM (drain_linger 1 s)")
     assert 1.0 <= took < 1.0 + GRACE, f"exit took {took:.2f} s"
     assert proxy.popen.returncode == 0
     assert log_problems(proxy.log_text()) == []

@@ -83,10 +83,10 @@ class RepairDeps:
     ids: IdFactory
     #: Rendered system + developer prompts, shared by the requests of one app.
     prefixes: PrefixCache
+    #: Validation + rendering, off the event loop (render.py, issue 12).
+    renderer: Renderer
     clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
-    #: Validation + rendering, off the event loop (render.py, issue 12).
-    renderer: Renderer | None = None
 
 
 async def until_drained(state: ServerState, work: Awaitable[T]) -> T:
@@ -374,7 +374,6 @@ async def serve_repaired(
     exchange: Exchange | None = None
     outcome = "client_error"
     try:
-        assert deps.renderer is not None, "create_app injects the renderer"
         try:
             prepared = await until_drained(state, deps.renderer.prepare(body))
         finally:
