@@ -19,6 +19,7 @@ from openai_harmony import HarmonyEncoding
 from proxy import vocab
 from proxy.errors import ClientError
 from proxy.harmony.request import PreparedRequest, prepare_request
+from proxy.harmony.request_prefix import PrefixCache
 from proxy.server import render_worker
 from proxy.server.render import (
     INLINE_MAX_BYTES,
@@ -327,3 +328,36 @@ def test_a_harmony_panic_is_a_400_and_the_worker_is_replaced(encoding: HarmonyEn
         assert answer[4] == "render_failed"
         assert "openai-harmony could not render this request" in answer[2]
     assert served == prepare_request(agent_body(5), encoding)
+
+
+def test_the_worker_loop_in_process(encoding: HarmonyEncoding) -> None:
+    """`render_worker.serve` and `handle` on in-memory pipes: ready, a prompt, a 400, EOF; our
+    own bug (here: no encoding) is reported, a panic carries its 400 and ends the loop."""
+    import io
+
+    def frame(body: dict[str, Any]) -> bytes:
+        raw = orjson.dumps(body)
+        return render_worker.HEADER.pack(len(raw)) + raw
+
+    inbound = io.BytesIO(frame(agent_body(3)) + frame({"model": MODEL}))
+    outbound = io.BytesIO()
+    render_worker.serve(vocab.loaded_dir(os.environ), inbound, outbound)
+    replies = []
+    data = memoryview(outbound.getvalue())
+    while data:
+        (size,) = render_worker.HEADER.unpack_from(data)
+        replies.append(data[render_worker.HEADER.size : render_worker.HEADER.size + size])
+        data = data[render_worker.HEADER.size + size :]
+    assert [bytes(reply[:1]) for reply in replies] == [b"R", b"O", b"E"]
+    assert render_worker.decode_prepared(replies[1][1:]) == prepare_request(agent_body(3), encoding)
+    assert render_worker.decode_error(replies[2][1:]).code == "missing_required_parameter"
+    prefixes = PrefixCache(encoding)
+    failure = render_worker.handle(orjson.dumps(agent_body(3)), None, prefixes)
+    assert failure.startswith(render_worker.FAILURE)
+    with pytest.raises(render_worker.Panicked) as panicked:
+        render_worker.handle(
+            orjson.dumps({"model": MODEL, "input": "a" * 1_000_000}), encoding, prefixes
+        )
+    reply = panicked.value.reply
+    assert reply.startswith(render_worker.PANICKED)
+    assert render_worker.decode_error(memoryview(reply)[1:]).code == "render_failed"
