@@ -142,6 +142,21 @@ FIELDS: tuple[Field, ...] = (
           "seconds of silence after which a `: keepalive` SSE comment is sent"),
     Field("drain_timeout", _positive_float, 30.0,
           "on SIGTERM, seconds in-flight streams may take to finish before they are failed"),
+    Field("drain_linger", _non_negative_float, 1.0,
+          "on SIGTERM, seconds the listener stays open at least (probes and new requests get "
+          "503) even when nothing is in flight; it closes at drain_timeout at the latest"),
+    Field("render_workers", _non_negative_int, 1,
+          "processes that validate and render /v1/responses requests off the event loop "
+          "(0: render on the event loop, the old behaviour)"),
+    Field("render_timeout", _positive_float, 20.0,
+          "seconds a request may take to render (400 above it, the worker is replaced), and "
+          "wait for a free render worker (429 above it)"),
+    Field("render_queue", _positive_int, 32,
+          "requests that may wait for a render worker at once; more get 429 with Retry-After"),
+    Field("body_budget_bytes", _non_negative_int, 64 * 1024 * 1024,
+          "request body bytes read and rendered at once, over all requests (0: no budget)"),
+    Field("body_budget_wait", _non_negative_float, 5.0,
+          "seconds a request waits for room in body_budget_bytes before a 503 with Retry-After"),
     Field("max_body_bytes", _non_negative_int, 16 * 1024 * 1024,
           "largest request body accepted (413 above it)"),
     Field("max_concurrent_streams", _non_negative_int, 0,
@@ -182,6 +197,12 @@ class Settings:
     send_timeout: float = 60.0
     keepalive_interval: float = 15.0
     drain_timeout: float = 30.0
+    drain_linger: float = 1.0
+    render_workers: int = 1
+    render_timeout: float = 20.0
+    render_queue: int = 32
+    body_budget_bytes: int = 64 * 1024 * 1024
+    body_budget_wait: float = 5.0
     max_body_bytes: int = 16 * 1024 * 1024
     max_concurrent_streams: int = 0
     passthrough_when_incapable: bool = False

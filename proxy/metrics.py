@@ -44,6 +44,18 @@ UPSTREAM_ERROR_KINDS = (
     "timeout",
 )
 
+#: (path, outcome) of `proxy_renders_total` (proxy/server/render.py).
+RENDER_LABELS = (
+    ("inline", "ok"),
+    ("inline", "client_error"),
+    ("worker", "ok"),
+    ("worker", "client_error"),
+    ("worker", "timeout"),
+    ("worker", "queue_full"),
+    ("worker", "worker_died"),
+    ("worker", "failed"),
+)
+
 _FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 _TTFT = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 _OVERHEAD = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.1)
@@ -183,6 +195,13 @@ class Metrics:
         )
         self.ready = Gauge("proxy_ready", "1 when /readyz answers 200", registry=r)
         self.draining = Gauge("proxy_draining", "1 after SIGTERM", registry=r)
+        # Issue 12: where requests were rendered (inline on the loop, or in a worker process)
+        # and how it ended; every label set exported at zero from the start.
+        self.renders = Counter(
+            "proxy_renders", "Request renders by path and outcome", ["path", "outcome"], registry=r
+        )
+        for path, outcome in RENDER_LABELS:
+            self.renders.labels(path, outcome)
         build = Gauge("proxy_build_info", "Build information", ["version", "harmony"], registry=r)
         build.labels(__version__, harmony_version).set(1)
         # Export zeros for the fixed label sets, so that rates, ratios and alerts have series

@@ -20,27 +20,31 @@ core's `error` + `response.failed`. A client that goes away cancels the exchange
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from openai_harmony import HarmonyEncoding
 from starlette.types import Scope, Send
 
 from proxy import sse
 from proxy.config import Settings
-from proxy.errors import ClientError, ProxyError, UpstreamError
-from proxy.harmony.request import PreparedRequest, prepare_request
+from proxy.errors import ClientError, ProxyError, UnavailableError, UpstreamError
+from proxy.harmony.request import PreparedRequest
 from proxy.harmony.request_prefix import PrefixCache
 from proxy.harmony.response import IdFactory, ResponseContext
 from proxy.harmony.stream import ResponseStream
 from proxy.metrics import CLIENT_TIMEOUT, Metrics
 from proxy.server import asgi
+from proxy.server.render import Renderer
 from proxy.server.selfcheck import SelfCheck
 from proxy.upstream.client import Capability, Frames, Upstream
 from proxy.upstream.completions import FrameError
+
+T = TypeVar("T")
 
 _UNKNOWN = Capability(False, False, "upstream not probed yet")
 
@@ -51,6 +55,8 @@ class ServerState:
 
     capability: Capability = _UNKNOWN
     in_flight: int = 0
+    #: Requests being handled on the proxy's own routes (app.py), for the drain (runner.py).
+    active: int = 0
     draining: bool = False
     #: True once the drain period is over: open streams end with `response.failed`.
     force_end: bool = False
@@ -78,8 +84,38 @@ class RepairDeps:
     ids: IdFactory
     #: Rendered system + developer prompts, shared by the requests of one app.
     prefixes: PrefixCache
+    #: Validation + rendering, off the event loop (render.py, issue 12).
+    renderer: Renderer
     clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
+
+
+async def until_drained(state: ServerState, work: Awaitable[T]) -> T:
+    """`await work`, unless the drain period ends first: then 503 `server_shutting_down`
+    (issue 12: a request still rendering or waiting for upstream's head at the drain timeout
+    gets a JSON 503, never a 500 from uvicorn's cancellation)."""
+    timer: asyncio.Timeout | None = None
+
+    def interrupt() -> None:
+        if timer is not None and not timer.expired():
+            timer.reschedule(asyncio.get_running_loop().time())
+
+    state.interrupts.add(interrupt)
+    try:
+        if state.force_end:
+            raise TimeoutError
+        async with asyncio.timeout(None) as timer:
+            return await work
+    except TimeoutError:
+        if not state.force_end:
+            raise
+        raise UnavailableError(
+            "the proxy is shutting down; retry on another replica", code=_SHUTTING_DOWN
+        ) from None
+    finally:
+        state.interrupts.discard(interrupt)
+        if asyncio.iscoroutine(work):
+            work.close()  # never awaited when the drain had already ended
 
 
 class _End(Exception):
@@ -127,7 +163,7 @@ class Exchange:
         headers = [*asgi.SSE_HEADERS, (b"x-request-id", self.request_id.encode())]
         # make the parsers while upstream reads the request (they cost ~0.35 ms)
         asyncio.get_running_loop().call_soon(self.core.warm_up)
-        async with self._upstream() as frames:
+        async with self._opened() as frames:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             self.phase = "before_first_token"
             await self._write(send, self.core.start())
@@ -150,7 +186,7 @@ class Exchange:
         """`stream: false`: the same path, answered with the terminal snapshot as JSON."""
         # make the parsers while upstream reads the request (they cost ~0.35 ms)
         asyncio.get_running_loop().call_soon(self.core.warm_up)
-        async with self._upstream() as frames:
+        async with self._opened() as frames:
             self.phase = "before_first_token"
             self.selfcheck.observe(self.core.start())
             try:
@@ -171,6 +207,12 @@ class Exchange:
         self.delivered = True
 
     # -- the pump ---------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _opened(self) -> AsyncIterator[Frames]:
+        """Upstream's stream; the wait for its head ends with a 503 at the drain's end."""
+        async with contextlib.AsyncExitStack() as stack:
+            yield await until_drained(self.deps.state, stack.enter_async_context(self._upstream()))
 
     def _upstream(self) -> Any:
         # The client's own X-Request-Id is replaced by ours (the same when it was a sane one),
@@ -323,8 +365,11 @@ async def serve_repaired(
     body: dict[str, Any],
     request_id: str,
     started: float,
+    *,
+    on_prepared: Callable[[], None] | None = None,
 ) -> None:
-    """Serve a parsed `/v1/responses` body whose model is in the repair set."""
+    """Serve a parsed `/v1/responses` body whose model is in the repair set. `on_prepared` is
+    called once the body is rendered (or refused): the app's body budget then lets it go."""
     metrics, state, settings = deps.metrics, deps.state, deps.settings
     stream = body.get("stream") is True
     stream_label = "true" if stream else "false"
@@ -333,7 +378,11 @@ async def serve_repaired(
     exchange: Exchange | None = None
     outcome = "client_error"
     try:
-        prepared = prepare_request(body, deps.encoding, prefixes=deps.prefixes)
+        try:
+            prepared = await until_drained(state, deps.renderer.prepare(body))
+        finally:
+            if on_prepared is not None:
+                on_prepared()
         if not state.capability.token_ids:
             raise UpstreamError(
                 f"cannot repair: {state.capability.detail}",
@@ -352,7 +401,9 @@ async def serve_repaired(
     except ProxyError as error:
         if isinstance(error, UpstreamError):
             outcome = "upstream_error"
-        extra = [(b"retry-after", b"1")] if error.status == 429 else []
+        elif isinstance(error, UnavailableError):
+            outcome = "rejected"
+        extra = [(b"retry-after", b"1")] if error.status in (429, 503) else []
         await asgi.send_error(send, error, [*id_header, *extra])
         metrics.requests.labels(
             "responses", stream_label, outcome, metrics.model_label(model)
@@ -381,6 +432,9 @@ async def serve_repaired(
             exchange.status = error.status
             exchange.error_code = error.code
             outcome = "client_error" if isinstance(error, ClientError) else "upstream_error"
+            if isinstance(error, UnavailableError):
+                outcome = "rejected"
+                id_header = [*id_header, (b"retry-after", b"1")]
             if error.code:
                 kind = "timeout" if error.code == "upstream_timeout" else error.code
                 if isinstance(error, UpstreamError):
