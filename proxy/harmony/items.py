@@ -128,7 +128,7 @@ class OpenItem:
         if self.kind == ev.WEB_SEARCH_CALL:
             yield ev.web_search_event("completed", self.output_index, self.item_id)
         else:
-            yield ev.text_done(self.kind, self.output_index, self.item_id, text)
+            yield ev.text_done(self.kind, self.output_index, self.item_id, text, self.name)
         part = self._part(text)
         if part is not None:
             yield ev.part_done(self.output_index, self.item_id, part)

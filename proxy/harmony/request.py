@@ -136,8 +136,10 @@ def prepare_request(
     )
 
 
-def _echo(fields: Fields, toolset: ToolSet, text: dict[str, Any] | None) -> dict[str, Any]:
-    """The response object's request-echo fields, as upstream's `ResponsesResponse.from_request`."""
+def _echo(fields: Fields, toolset: ToolSet, text: dict[str, Any]) -> dict[str, Any]:
+    """The response object's request-echo fields, as upstream's `ResponsesResponse.from_request`
+    with OpenAI's echo where it differs (issue 14): `store` echoed, `service_tier` the tier used
+    (set by `response_object`), no null where the spec's type has none."""
     return {
         "instructions": fields.instructions,
         "metadata": fields.metadata,
@@ -156,7 +158,7 @@ def _echo(fields: Fields, toolset: ToolSet, text: dict[str, Any] | None) -> dict
         "prompt_cache_retention": fields.prompt_cache_retention,
         "reasoning": fields.reasoning,
         "safety_identifier": fields.safety_identifier,
-        "service_tier": fields.service_tier,
+        "store": fields.store,
         "text": text,
         "top_logprobs": fields.top_logprobs,
         "truncation": fields.truncation,

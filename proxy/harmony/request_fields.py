@@ -172,7 +172,9 @@ def read_fields(value: Any) -> Fields:
         effort=effort,
         reasoning=reasoning,
         tool_choice=_read_tool_choice(present(body, "tool_choice")),
-        parallel_tool_calls=_optional(body, "parallel_tool_calls", want_bool) or False,
+        # OpenAI's default is true (upstream echoes false; issue 14). gpt-oss stops at its first
+        # call (`<|call|>` is a stop token), so at most one call per response either way.
+        parallel_tool_calls=_optional(body, "parallel_tool_calls", want_bool) is not False,
         temperature=_number(body, "temperature", 2.0),
         top_p=_number(body, "top_p", 1.0),
         max_output_tokens=_int(body, "max_output_tokens", 1, _MAX_TOKENS),
@@ -237,9 +239,14 @@ def _read_reasoning(value: Any) -> tuple[str | None, dict[str, Any] | None]:
     for key in ("context", "mode"):
         if present(reasoning, key) is not None:
             want_str(reasoning[key], at("reasoning", key))
-    # Echoed as upstream echoes the openai `Reasoning` model: its fields in order, then extras.
-    echo = dict.fromkeys(("context", "effort", "generate_summary", "mode", "summary"))
+    # Echoed as upstream echoes the openai `Reasoning` model: its fields in order, then extras;
+    # `mode` only when set (OpenAI's spec gives it no null; issue 14).
+    echo: dict[str, Any] = dict.fromkeys(
+        ("context", "effort", "generate_summary", "mode", "summary")
+    )
     echo.update(reasoning)
+    if echo["mode"] is None:
+        del echo["mode"]
     return effort, echo
 
 

@@ -117,6 +117,7 @@ class Exchange:
             input_tokens=len(prepared.prompt_token_ids),
             namespaces=prepared.namespaces,
             coalesce_deltas=deps.settings.delta_mode == "coalesce",
+            clock=deps.clock,  # completed_at (issue 14)
         )
         self.core = ResponseStream(deps.encoding, ctx, deps.ids)
 
