@@ -129,7 +129,14 @@ def _best_branch(errors: list[ValidationError]) -> list[ValidationError]:
         for branch in branches.values()
         if not all(e.validator == "type" and e.validator_value == "null" for e in branch)
     ] or list(branches.values())
-    return min(candidates, key=lambda branch: (len(branch), -max(len(e.path) for e in branch)))
+    return min(candidates, key=_closeness)
+
+
+def _closeness(branch: list[ValidationError]) -> tuple[bool, int, int]:
+    """A branch whose `type` property is wrong is a worse explanation than one that fails on
+    the object's other fields, then fewer and deeper errors are better."""
+    wrong_kind = any(e.path and e.path[-1] == "type" and e.validator == "enum" for e in branch)
+    return wrong_kind, len(branch), -max(len(e.path) for e in branch)
 
 
 def _describe(error: ValidationError) -> str:

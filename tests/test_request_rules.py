@@ -747,6 +747,7 @@ def test_echo_of_request_fields(encoding: HarmonyEncoding) -> None:
         max_tool_calls=3,
         parallel_tool_calls=True,
         tool_choice={"type": "function", "name": "f"},
+        tools=[{"type": "function", "name": "f"}],
         store=True,
         include=["message.output_text.logprobs"],
         stream_options={"include_obfuscation": False},

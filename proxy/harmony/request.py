@@ -31,6 +31,7 @@ from openai_harmony import HarmonyEncoding
 from proxy.errors import ClientError
 from proxy.harmony import tokens
 from proxy.harmony.request_fields import Fields, read_fields
+from proxy.harmony.request_guided import tool_choice_format
 from proxy.harmony.request_items import input_messages
 from proxy.harmony.request_prefix import PrefixCache, render_prompt
 from proxy.harmony.request_text import read_text
@@ -92,6 +93,11 @@ def prepare_request(
     fields = read_fields(body)
     toolset = read_tools(fields.tools)
     text = read_text(fields.text)
+    # tool_choice as guided decoding (request_guided.py), holding the final answer to
+    # text.format too; with "auto" only text.format's own constraint, as upstream sends it.
+    guided = tool_choice_format(fields.tool_choice, toolset, text.final_content)
+    if guided is None:
+        guided = text.response_format
     inputs = input_messages(fields.input)
     try:
         prompt = render_prompt(
@@ -120,8 +126,8 @@ def prepare_request(
         "include_stop_str_in_output": True,
         "stream_options": {"include_usage": True},
     }
-    if text.response_format is not None:
-        completion_body["response_format"] = text.response_format
+    if guided is not None:
+        completion_body["response_format"] = guided
     if fields.thinking_token_budget is not None:
         completion_body["thinking_token_budget"] = fields.thinking_token_budget
     return PreparedRequest(

@@ -57,6 +57,9 @@ class TextConfig:
 
     echo: dict[str, Any]
     response_format: dict[str, Any] | None
+    #: The structural-tag content the final answer must match (None: free text), for a
+    #: `tool_choice` constraint to hold the final answer to as well (request_guided.py).
+    final_content: dict[str, Any] | None = None
 
 
 def structural_tag(content: dict[str, Any]) -> dict[str, Any]:
@@ -79,14 +82,15 @@ def read_text(value: Any) -> TextConfig:
     if verbosity is not None:
         want_choice(verbosity, "text.verbosity", _VERBOSITIES)
     fmt = present(text, "format")
-    echo_format, response_format = (dict(PLAIN_TEXT), None) if fmt is None else _read_format(fmt)
+    echo_format, content = (dict(PLAIN_TEXT), None) if fmt is None else _read_format(fmt)
     # The openai `ResponseTextConfig` model's order, as upstream echoes it: format, verbosity,
     # then extras.
     echo: dict[str, Any] = {"format": echo_format}
     if verbosity is not None:
         echo["verbosity"] = verbosity
     echo.update((key, item) for key, item in text.items() if key not in ("format", "verbosity"))
-    return TextConfig(echo=echo, response_format=response_format)
+    response_format = None if content is None else _response_format(content)
+    return TextConfig(echo=echo, response_format=response_format, final_content=content)
 
 
 def _read_format(value: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -98,8 +102,10 @@ def _read_format(value: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
     if kind == "text":
         return {**fmt, "type": "text"}, None
     if kind == "json_object":
-        content = {"type": "json_schema", "json_schema": {"type": "object"}}
-        return {**fmt, "type": "json_object"}, _response_format(content)
+        return {**fmt, "type": "json_object"}, {
+            "type": "json_schema",
+            "json_schema": {"type": "object"},
+        }
     if kind != "json_schema":
         fail(
             at(path, "type"),
@@ -128,8 +134,7 @@ def _read_format(value: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
         echo["description"] = description
     echo["strict"] = strict
     echo.update((key, item) for key, item in fmt.items() if key not in (*echo, "description"))
-    content = {"type": "json_schema", "json_schema": schema}
-    return echo, _response_format(content)
+    return echo, {"type": "json_schema", "json_schema": schema}
 
 
 def _response_format(content: dict[str, Any]) -> dict[str, Any]:
