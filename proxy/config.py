@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from proxy.harmony.reasoning_seal import parse_keys
+
 ENV_PREFIX = "PROXY_"
 CONFIG_ENV = "PROXY_CONFIG"
 
@@ -106,6 +108,8 @@ class Field:
     default: Any
     help: str
     aliases: tuple[str, ...] = ()
+    #: Its value never appears in an error message (keys).
+    secret: bool = False
 
     @property
     def env(self) -> str:
@@ -158,6 +162,11 @@ FIELDS: tuple[Field, ...] = (
     Field("log_format", _choice("json", "text"), "json", "one JSON object per line, or text"),
     Field("log_content", _bool, False,
           "debug only: log prompts and outputs (never enable in production)"),
+    Field("reasoning_keys", parse_keys, (),
+          "AES-256-GCM keys for include reasoning.encrypted_content, ID:BASE64 comma-separated, "
+          "newest first (it seals, all open: rotate by prepending); unset: one random key per "
+          "process, so blobs do not survive a restart or cross replicas",
+          secret=True),
     Field("simulator_stream_interval", _positive_int, 20,
           "built-in simulator: tokens per engine output after the first (trtllm stream_interval)"),
     Field("simulator_token_seconds", _non_negative_float, 0.01,
@@ -190,6 +199,7 @@ class Settings:
     log_level: str = "info"
     log_format: str = "json"
     log_content: bool = False
+    reasoning_keys: tuple[tuple[str, bytes], ...] = dataclasses.field(default=(), repr=False)
     simulator_stream_interval: int = 20
     simulator_token_seconds: float = 0.01
 
@@ -205,7 +215,8 @@ def _parse(field: Field, raw: Any, source: str) -> Any:
     try:
         return field.parse(text)
     except ValueError as exc:
-        raise ConfigError(f"{source}={text!r}: {exc}") from None
+        shown = "<secret>" if field.secret else repr(text)
+        raise ConfigError(f"{source}={shown}: {exc}") from None
 
 
 def load_file(path: Path) -> dict[str, Any]:

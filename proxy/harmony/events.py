@@ -52,15 +52,18 @@ class EventLog:
 # -- items -------------------------------------------------------------------------------------
 
 
-def reasoning_item(item_id: str, text: str | None, status: str) -> Item:
-    """A reasoning item; `text=None` while it is open (`content: []` in `output_item.added`)."""
+def reasoning_item(
+    item_id: str, text: str | None, status: str, encrypted_content: str | None = None
+) -> Item:
+    """A reasoning item; `text=None` while it is open (`content: []` in `output_item.added`);
+    `encrypted_content` the sealed text when the request included it (reasoning_seal.py)."""
     content = [] if text is None else [{"type": "reasoning_text", "text": text}]
     return {
         "id": item_id,
         "type": REASONING,
         "summary": [],
         "content": content,
-        "encrypted_content": None,
+        "encrypted_content": encrypted_content,
         "status": status,
     }
 

@@ -30,6 +30,7 @@ from openai_harmony import HarmonyEncoding
 
 from proxy.errors import ClientError
 from proxy.harmony import tokens
+from proxy.harmony.reasoning_seal import ReasoningKeys
 from proxy.harmony.request_fields import Fields, read_fields
 from proxy.harmony.request_guided import tool_choice_format
 from proxy.harmony.request_items import input_messages
@@ -52,6 +53,8 @@ class PreparedRequest:
       addresses to `NS.fn` becomes a function call `fn` in namespace `NS`.
     - `function_names`: names of the tools in the default `functions` namespace.
     - `store`: the request's `store` (default true), for the response store of a later issue.
+    - `sealed_reasoning`: the request includes `reasoning.encrypted_content`: reasoning items
+      carry their text sealed (reasoning_seal.py).
     """
 
     model: str
@@ -62,6 +65,7 @@ class PreparedRequest:
     namespaces: frozenset[str]
     function_names: frozenset[str] = frozenset()
     store: bool = True
+    sealed_reasoning: bool = False
 
 
 def parse_body(raw: bytes) -> Any:
@@ -80,13 +84,18 @@ def parse_body(raw: bytes) -> Any:
 
 
 def prepare_request(
-    body: Any, encoding: HarmonyEncoding, *, prefixes: PrefixCache | None = None
+    body: Any,
+    encoding: HarmonyEncoding,
+    *,
+    prefixes: PrefixCache | None = None,
+    reasoning_keys: ReasoningKeys | None = None,
 ) -> PreparedRequest:
     """Validate a parsed `/v1/responses` body and render it (module doc); 4xx `ClientError` else.
 
     `prefixes`: a cache of rendered system + developer messages for `encoding`, owned by whoever
     owns the encoding; the prompt ids are the same with or without it, only faster on a hit.
-    A cache of another encoding is our misuse: `ValueError`, not a 400.
+    A cache of another encoding is our misuse: `ValueError`, not a 400. `reasoning_keys` open
+    the sealed reasoning of input items (None: left unread, as upstream does).
     """
     if prefixes is not None and prefixes.encoding is not encoding:
         raise ValueError("the prefix cache belongs to another HarmonyEncoding")
@@ -98,7 +107,7 @@ def prepare_request(
     guided = tool_choice_format(fields.tool_choice, toolset, text.final_content)
     if guided is None:
         guided = text.response_format
-    inputs = input_messages(fields.input)
+    inputs = input_messages(fields.input, reasoning_keys)
     try:
         prompt = render_prompt(
             encoding, fields.effort, fields.instructions, toolset, inputs, prefixes
@@ -139,6 +148,7 @@ def prepare_request(
         namespaces=toolset.namespace_names,
         function_names=toolset.function_names,
         store=fields.store,
+        sealed_reasoning="reasoning.encrypted_content" in fields.include,
     )
 
 

@@ -96,6 +96,17 @@ _CHAT_HINTS = {
     "response_format": "use 'text.format'",
     "reasoning_effort": "use 'reasoning.effort'",
 }
+#: OpenAI's `IncludeEnum` (openai-openapi 2.3.0): anything else is a 400, as OpenAI answers it.
+INCLUDES = (
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "message.input_image.image_url",
+    "computer_call_output.output.image_url",
+    "code_interpreter_call.outputs",
+    "reasoning.encrypted_content",
+    "message.output_text.logprobs",
+)
 _EFFORTS = ("low", "medium", "high")  # gpt-oss's Harmony ReasoningEffort; others fail upstream
 _SUMMARIES = ("auto", "concise", "detailed")
 _SERVICE_TIERS = ("auto", "default", "flex", "scale", "priority", "fast", "ultrafast")
@@ -132,6 +143,7 @@ class Fields:
     truncation: str
     user: str | None
     thinking_token_budget: int | None
+    include: tuple[str, ...] = ()
 
 
 def read_fields(value: Any) -> Fields:
@@ -157,8 +169,10 @@ def read_fields(value: Any) -> Fields:
     for key in _IGNORED_OBJECTS:
         _optional(body, key, want_object)
     _optional(body, "context_management", want_list)
-    for index, item in enumerate(_optional(body, "include", want_list) or []):
-        want_str(item, at("include", index))
+    include = tuple(
+        want_choice(item, at("include", index), INCLUDES)
+        for index, item in enumerate(_optional(body, "include", want_list) or [])
+    )
     _optional(body, "request_id", want_str)
     effort, reasoning = _read_reasoning(present(body, "reasoning"))
     return Fields(
@@ -188,6 +202,7 @@ def read_fields(value: Any) -> Fields:
         truncation=_choice(body, "truncation", ("auto", "disabled")) or "disabled",
         user=_optional(body, "user", want_str),
         thinking_token_budget=_int(body, "thinking_token_budget", 0, _MAX_TOKENS),
+        include=include,
     )
 
 

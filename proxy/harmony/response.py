@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import itertools
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 #: prefix ("resp", "rs", "msg", "fc", "call", …) → a new id with that prefix.
 IdFactory = Callable[[str], str]
+#: A reasoning item's text parts → its `encrypted_content` (reasoning_seal.py; issue 14).
+Sealer = Callable[[Sequence[str]], str]
 
 
 def random_id(prefix: str) -> str:
@@ -98,7 +100,8 @@ class ResponseContext:
     function call `fn` in namespace `NS`; `coalesce_deltas` merges the deltas of one item within
     one `feed` call into one event (False: one delta event per token); `clock` gives
     `completed_at` (the shell injects its wall clock; without one a response completes at its
-    `created_at`, which keeps the core deterministic).
+    `created_at`, which keeps the core deterministic); `seal` gives reasoning items their
+    `encrypted_content` when the request included it (None: null).
     """
 
     response_id: str
@@ -109,6 +112,7 @@ class ResponseContext:
     namespaces: frozenset[str] = frozenset()
     coalesce_deltas: bool = True
     clock: Callable[[], float] | None = None
+    seal: Sealer | None = None
 
 
 def response_object(

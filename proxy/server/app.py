@@ -29,6 +29,7 @@ from starlette.types import Receive, Scope, Send
 
 from proxy.config import Settings
 from proxy.errors import ClientError, ProxyError
+from proxy.harmony.reasoning_seal import ReasoningKeys
 from proxy.harmony.request import parse_body
 from proxy.harmony.request_prefix import PrefixCache
 from proxy.harmony.response import IdFactory, random_id
@@ -73,9 +74,11 @@ def create_app(
     monotonic: Callable[[], float] = time.monotonic,
     state: ServerState | None = None,
     logger: logging.Logger | None = None,
+    reasoning_keys: ReasoningKeys | None = None,
 ) -> Starlette:
     """Build the proxy app. Every seam is a parameter: the upstream transport, the metrics
-    registry, ids and clocks, the shared state (draining), the logger."""
+    registry, ids and clocks, the shared state (draining), the logger, the keys that seal
+    reasoning (default: `settings.reasoning_keys`, else one random key, with a warning)."""
     if settings.upstream_url is None:
         raise ValueError("create_app needs settings.upstream_url (serve starts the simulator)")
     registry = registry or CollectorRegistry()
@@ -87,6 +90,20 @@ def create_app(
 
     def log(message: str, **fields: Any) -> None:
         log_to.info(message, extra=fields)
+
+    if reasoning_keys is None and settings.reasoning_keys:
+        reasoning_keys = ReasoningKeys(settings.reasoning_keys)
+    if reasoning_keys is None:
+        # Issue 14: sealed reasoning must work out of the box, but a key made here dies with
+        # the process and differs per replica: say so once (never the key itself).
+        reasoning_keys = ReasoningKeys.generate()
+        log_to.warning(
+            "reasoning key generated",
+            extra={
+                "detail": "no reasoning_keys set: encrypted_content blobs will not open after "
+                "a restart or on another replica (set PROXY_REASONING_KEYS)"
+            },
+        )
 
     upstream = Upstream(
         settings.upstream_url, connect_timeout=settings.connect_timeout, transport=transport
@@ -100,6 +117,7 @@ def create_app(
         log=log,
         ids=ids,
         prefixes=PrefixCache(encoding),
+        reasoning_keys=reasoning_keys,
         clock=clock,
         monotonic=monotonic,
     )

@@ -31,6 +31,7 @@ from starlette.types import Scope, Send
 from proxy import sse
 from proxy.config import Settings
 from proxy.errors import ClientError, ProxyError, UpstreamError
+from proxy.harmony.reasoning_seal import ReasoningKeys
 from proxy.harmony.request import PreparedRequest, prepare_request
 from proxy.harmony.request_prefix import PrefixCache
 from proxy.harmony.response import IdFactory, ResponseContext
@@ -77,6 +78,8 @@ class RepairDeps:
     ids: IdFactory
     #: Rendered system + developer prompts, shared by the requests of one app.
     prefixes: PrefixCache
+    #: Seal and open `encrypted_content` of reasoning items (issue 14).
+    reasoning_keys: ReasoningKeys
     clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
 
@@ -118,6 +121,7 @@ class Exchange:
             namespaces=prepared.namespaces,
             coalesce_deltas=deps.settings.delta_mode == "coalesce",
             clock=deps.clock,  # completed_at (issue 14)
+            seal=deps.reasoning_keys.seal if prepared.sealed_reasoning else None,
         )
         self.core = ResponseStream(deps.encoding, ctx, deps.ids)
 
@@ -330,7 +334,9 @@ async def serve_repaired(
     exchange: Exchange | None = None
     outcome = "client_error"
     try:
-        prepared = prepare_request(body, deps.encoding, prefixes=deps.prefixes)
+        prepared = prepare_request(
+            body, deps.encoding, prefixes=deps.prefixes, reasoning_keys=deps.reasoning_keys
+        )
         if not state.capability.token_ids:
             raise UpstreamError(
                 f"cannot repair: {state.capability.detail}",
