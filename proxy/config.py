@@ -147,6 +147,9 @@ FIELDS: tuple[Field, ...] = (
           "on SIGTERM, seconds in-flight streams may take to finish before they are failed"),
     Field("max_body_bytes", _non_negative_int, 16 * 1024 * 1024,
           "largest request body accepted (413 above it)"),
+    Field("max_prompt_tokens", _positive_int, 131_072,
+          "the model's context in tokens (gpt-oss: 131072): prompt + max_output_tokens above "
+          "it is a 400, or with truncation 'auto' the oldest input items are dropped to fit"),
     Field("max_concurrent_streams", _non_negative_int, 0,
           "repaired requests served at once; more get 429 with Retry-After (0: no limit)"),
     Field("passthrough_when_incapable", _bool, False,
@@ -191,6 +194,7 @@ class Settings:
     keepalive_interval: float = 15.0
     drain_timeout: float = 30.0
     max_body_bytes: int = 16 * 1024 * 1024
+    max_prompt_tokens: int = 131_072
     max_concurrent_streams: int = 0
     passthrough_when_incapable: bool = False
     delta_mode: str = "coalesce"

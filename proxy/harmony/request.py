@@ -22,16 +22,18 @@ the offending value.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from openai_harmony import HarmonyEncoding
+from openai_harmony import HarmonyEncoding, Message
 
 from proxy.errors import ClientError
 from proxy.harmony import tokens
 from proxy.harmony.reasoning_seal import ReasoningKeys
 from proxy.harmony.request_fields import Fields, read_fields
+from proxy.harmony.request_fit import fit_prompt
 from proxy.harmony.request_guided import tool_choice_format
 from proxy.harmony.request_items import input_messages
 from proxy.harmony.request_prefix import PrefixCache, render_prompt
@@ -89,6 +91,7 @@ def prepare_request(
     *,
     prefixes: PrefixCache | None = None,
     reasoning_keys: ReasoningKeys | None = None,
+    max_prompt_tokens: int | None = None,
 ) -> PreparedRequest:
     """Validate a parsed `/v1/responses` body and render it (module doc); 4xx `ClientError` else.
 
@@ -96,6 +99,9 @@ def prepare_request(
     owns the encoding; the prompt ids are the same with or without it, only faster on a hit.
     A cache of another encoding is our misuse: `ValueError`, not a 400. `reasoning_keys` open
     the sealed reasoning of input items (None: left unread, as upstream does).
+    `max_prompt_tokens`: the model's context; the prompt and `max_output_tokens` must fit it, or
+    `truncation` drops the oldest input items (request_fit.py; None: no limit, as upstream's
+    rendering has none).
     """
     if prefixes is not None and prefixes.encoding is not encoding:
         raise ValueError("the prefix cache belongs to another HarmonyEncoding")
@@ -108,9 +114,20 @@ def prepare_request(
     if guided is None:
         guided = text.response_format
     inputs = input_messages(fields.input, reasoning_keys)
+
+    def render(messages: Sequence[Message]) -> list[int]:
+        return render_prompt(
+            encoding, fields.effort, fields.instructions, toolset, messages, prefixes
+        )
+
     try:
-        prompt = render_prompt(
-            encoding, fields.effort, fields.instructions, toolset, inputs, prefixes
+        prompt = fit_prompt(
+            encoding,
+            inputs,
+            render,
+            context=max_prompt_tokens,
+            max_output_tokens=fields.max_output_tokens,
+            truncation=fields.truncation,
         )
     except ValueError as exc:
         # openai-harmony raises ValueError for a conversation it cannot render. check_json has

@@ -335,7 +335,11 @@ async def serve_repaired(
     outcome = "client_error"
     try:
         prepared = prepare_request(
-            body, deps.encoding, prefixes=deps.prefixes, reasoning_keys=deps.reasoning_keys
+            body,
+            deps.encoding,
+            prefixes=deps.prefixes,
+            reasoning_keys=deps.reasoning_keys,
+            max_prompt_tokens=settings.max_prompt_tokens,
         )
         if not state.capability.token_ids:
             raise UpstreamError(
