@@ -703,7 +703,7 @@ def test_completion_body_sampling(encoding: HarmonyEncoding) -> None:
 
 def test_json_object_format_constrains_the_final_channel(encoding: HarmonyEncoding) -> None:
     prepared = prepare(
-        encoding, input="hi", text={"format": {"type": "json_object"}, "verbosity": "low"}
+        encoding, input="hi", text={"format": {"type": "json_object"}, "verbosity": "medium"}
     )
     assert prepared.completion_body["response_format"] == {
         "type": "structural_tag",
@@ -722,15 +722,19 @@ def test_json_object_format_constrains_the_final_channel(encoding: HarmonyEncodi
             "stop_after_first": True,
         },
     }
-    assert prepared.echo["text"] == {"format": {"type": "json_object"}, "verbosity": "low"}
+    assert prepared.echo["text"] == {"format": {"type": "json_object"}, "verbosity": "medium"}
 
 
 def test_text_format_text_and_verbosity_only(encoding: HarmonyEncoding) -> None:
     plain = prepare(encoding, input="hi", text={"format": {"type": "text"}})
     assert "response_format" not in plain.completion_body
     assert plain.echo["text"] == {"format": {"type": "text"}}
-    verbose = prepare(encoding, input="hi", text={"verbosity": "high"})
-    assert verbose.echo["text"] == {"format": {"type": "text"}, "verbosity": "high"}
+    medium = prepare(encoding, input="hi", text={"verbosity": "medium"})
+    assert medium.echo["text"] == {"format": {"type": "text"}, "verbosity": "medium"}
+    for other in ("low", "high"):  # gpt-oss has no verbosity control: as OpenAI answers it
+        with pytest.raises(ClientError) as caught:
+            prepare(encoding, input="hi", text={"verbosity": other})
+        assert (caught.value.param, caught.value.code) == ("text.verbosity", "unsupported_value")
     assert prepare(encoding, input="hi").echo["text"] == {"format": {"type": "text"}}
 
 
@@ -751,7 +755,6 @@ def test_echo_of_request_fields(encoding: HarmonyEncoding) -> None:
         store=True,
         include=["message.output_text.logprobs"],
         stream_options={"include_obfuscation": False},
-        context_management=[{"type": "compaction", "compact_threshold": 1000}],
     )
     echo = prepared.echo
     assert (echo["metadata"], echo["user"], echo["safety_identifier"]) == ({"k": "v"}, "u1", "s1")

@@ -152,7 +152,7 @@ def test_echo_of_set_fields(encoding: HarmonyEncoding) -> None:
         "parallel_tool_calls": False,
         "service_tier": "flex",
         "user": "u-1",
-        "text": {"verbosity": "low"},
+        "text": {"verbosity": "medium"},
         "reasoning": {"effort": "low", "summary": "auto"},
         "tools": [
             {"type": "function", "name": "f", "parameters": {"type": "object"}},
@@ -168,7 +168,7 @@ def test_echo_of_set_fields(encoding: HarmonyEncoding) -> None:
     assert (response["store"], response["parallel_tool_calls"]) == (False, False)
     assert response["service_tier"] == "default"  # flex asked, default served
     assert response["user"] == "u-1"
-    assert response["text"] == {"format": {"type": "text"}, "verbosity": "low"}
+    assert response["text"] == {"format": {"type": "text"}, "verbosity": "medium"}
     assert "mode" not in response["reasoning"]
     assert (response["reasoning"]["effort"], response["reasoning"]["summary"]) == ("low", "auto")
     function, search, preview = response["tools"]
@@ -179,6 +179,9 @@ def test_echo_of_set_fields(encoding: HarmonyEncoding) -> None:
 
 def test_json_schema_format_echo_leaves_out_unset_keys(encoding: HarmonyEncoding) -> None:
     fmt = {"type": "json_schema", "name": "answer", "schema": {"type": "object"}}
+    described = {**fmt, "description": "The answer."}
+    echo = _context({"model": MODEL, "input": "Hi", "text": {"format": described}}, encoding).echo
+    assert echo["text"]["format"]["description"] == "The answer."
     ctx = _context({"model": MODEL, "input": "Hi", "text": {"format": fmt}}, encoding)
     ids = ids_of(encoding, '<|channel|>final<|message|>{"a":1}<|return|>')
     events = _run(encoding, ids, ctx, 5, "stop")

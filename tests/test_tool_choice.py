@@ -121,6 +121,13 @@ def test_each_choice_allows_exactly_its_headers(
     assert "response_format" not in auto
 
 
+def test_a_named_function_in_a_namespace(encoding: HarmonyEncoding) -> None:
+    tools = [TOOLS[0], DOCS]
+    choice = {"type": "function", "name": "search", "namespace": "docs"}
+    body = _prepare(encoding, tools=tools, tool_choice=choice)
+    assert _headers(body["response_format"])[-1] == call_header("docs.search")
+
+
 def test_auto_sends_text_format_as_upstream_does(encoding: HarmonyEncoding) -> None:
     text = {"format": {"type": "json_schema", "name": "a", "schema": SCHEMA}}
     body = _prepare(encoding, text=text)
@@ -180,6 +187,21 @@ def test_text_format_holds_the_final_answer_under_a_choice(encoding: HarmonyEnco
                 }
             },
             "tool_choice.tools[0].name",
+            "invalid_value",
+        ),
+        (
+            {"tool_choice": {"type": "allowed_tools", "mode": "auto"}},
+            "tool_choice.tools",
+            "missing_required_parameter",
+        ),
+        (
+            {"tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": [{"name": "f"}]}},
+            "tool_choice.tools[0].type",
+            "missing_required_parameter",
+        ),
+        (
+            {"tool_choice": {"type": "function", "name": "get_weather", "namespace": "docs"}},
+            "tool_choice.name",
             "invalid_value",
         ),
     ],

@@ -160,3 +160,24 @@ def test_the_setting_reaches_the_request_end_to_end(encoding: HarmonyEncoding) -
             prompt = simulator_state(simulator_app).requests[-1].prompt_ids
             assert len(prompt) + 64 <= limit
             assert served.json()["usage"]["input_tokens"] == len(prompt)
+
+
+def test_a_cut_is_checked_by_rendering_it(encoding: HarmonyEncoding) -> None:
+    """Were message lengths ever not additive, the next cut is tried, rendered and checked."""
+    inputs = [Message.from_role_and_content(Role.USER, f"item {n} " * 20) for n in range(6)]
+    calls: list[int] = []
+
+    def render(messages: Sequence[Message]) -> list[int]:
+        calls.append(len(messages))
+        conversation = Conversation.from_messages(list(messages))
+        ids = encoding.render_conversation_for_completion(conversation, Role.ASSISTANT)
+        return ids + [0] * 40 * (len(messages) == 2)  # two kept items render 40 tokens longer
+
+    lengths = len(render(inputs[4:5]))
+    calls.clear()
+    context = 2 * lengths + 10  # room for two items by their lengths
+    prompt = fit_prompt(
+        encoding, inputs, render, context=context, max_output_tokens=5, truncation="auto"
+    )
+    assert calls == [6, 2, 1]  # the whole, the first cut (too long after all), the next
+    assert len(prompt) + 5 <= context

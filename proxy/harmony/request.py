@@ -113,7 +113,8 @@ def prepare_request(
     guided = tool_choice_format(fields.tool_choice, toolset, text.final_content)
     if guided is None:
         guided = text.response_format
-    inputs = input_messages(fields.input, reasoning_keys)
+    context = (fields.reasoning or {}).get("context")
+    inputs = input_messages(fields.input, reasoning_keys, current_turn=context == "current_turn")
 
     def render(messages: Sequence[Message]) -> list[int]:
         return render_prompt(

@@ -79,16 +79,23 @@ _MEDIA_PARTS = frozenset({"input_image", "input_file", "input_audio"})
 _REASONING_PARTS = frozenset({"reasoning_text", "text"})
 
 
-def input_messages(value: Any, keys: ReasoningKeys | None = None) -> list[Message]:
+def input_messages(
+    value: Any, keys: ReasoningKeys | None = None, *, current_turn: bool = False
+) -> list[Message]:
     """Validate `input` and render it as Harmony messages (module doc); `keys` open sealed
-    reasoning (None: `encrypted_content` is left unread, as upstream leaves it)."""
+    reasoning (None: `encrypted_content` is left unread, as upstream leaves it);
+    `current_turn` (`reasoning.context: "current_turn"`) leaves out the reasoning items before
+    the last user message, as OpenAI's spec defines it (otherwise all are rendered, as upstream
+    renders them)."""
     if value is None:
         missing("input")
     if isinstance(value, str):
         return [Message.from_role_and_content(Role.USER, value)]
+    items = want_list(value, "input")
+    turn_start = _last_user_message(items) if current_turn else 0
     messages: list[Message] = []
     calls: dict[str, str] = {}  # call_id → recipient of the newest function_call so far
-    for index, raw in enumerate(want_list(value, "input")):
+    for index, raw in enumerate(items):
         path = at("input", index)
         item = want_object(raw, path)
         kind = present(item, "type")
@@ -106,9 +113,20 @@ def input_messages(value: Any, keys: ReasoningKeys | None = None) -> list[Messag
             )
         check_keys(item, ITEM_KEYS[kind], path, f"a '{kind}' input item")
         message = _render_item(kind, item, path, calls, keys)
+        if kind == "reasoning" and index < turn_start:
+            continue  # checked like any item, then left out (reasoning.context current_turn)
         if message is not None:
             messages.append(message)
     return messages
+
+
+def _last_user_message(items: list[Any]) -> int:
+    """The index of the last user message item (0 when there is none)."""
+    for index in range(len(items) - 1, -1, -1):
+        item = items[index]
+        if isinstance(item, dict) and item.get("role") == "user":
+            return index
+    return 0
 
 
 def _render_item(

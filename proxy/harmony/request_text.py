@@ -15,8 +15,8 @@ with content `{"type": "json_schema", "json_schema": <schema>}` (json_object: th
 `{"type": "structural_tag", "format": <xgrammar structural-tag format>}` and turns it into
 `GuidedDecodingParams(structural_tag=response_format.model_dump_json(by_alias=True,
 exclude_none=True))`, the very call the Responses path makes, so the engine gets the same string.
-`text.format` of type `text` means no constraint; `text.verbosity` cannot be honoured by gpt-oss
-and is only echoed.
+`text.format` of type `text` means no constraint. gpt-oss has no verbosity control: `text.verbosity`
+"medium" (the default) is echoed, "low" and "high" are a 400, as OpenAI answers for such a model.
 
 The echo is what OpenAI's spec and its own responses show (issue 14): the plain-text format when
 none is given (`{"format": {"type": "text"}}`), and no key for a value the request left unset
@@ -79,8 +79,14 @@ def read_text(value: Any) -> TextConfig:
         return TextConfig(echo={"format": dict(PLAIN_TEXT)}, response_format=None)
     text = want_object(value, "text")
     verbosity = present(text, "verbosity")
-    if verbosity is not None:
-        want_choice(verbosity, "text.verbosity", _VERBOSITIES)
+    if verbosity is not None and want_choice(verbosity, "text.verbosity", _VERBOSITIES) != "medium":
+        # OpenAI's answer for a model without verbosity control (issue 14): not ignored.
+        fail(
+            "text.verbosity",
+            verbosity,
+            "gpt-oss has no verbosity control; supported value is 'medium' (the default)",
+            code="unsupported_value",
+        )
     fmt = present(text, "format")
     echo_format, content = (dict(PLAIN_TEXT), None) if fmt is None else _read_format(fmt)
     # The openai `ResponseTextConfig` model's order, as upstream echoes it: format, verbosity,
