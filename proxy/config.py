@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from proxy.harmony.reasoning_seal import parse_keys
+
 ENV_PREFIX = "PROXY_"
 CONFIG_ENV = "PROXY_CONFIG"
 
@@ -106,6 +108,8 @@ class Field:
     default: Any
     help: str
     aliases: tuple[str, ...] = ()
+    #: Its value never appears in an error message (keys).
+    secret: bool = False
 
     @property
     def env(self) -> str:
@@ -159,6 +163,9 @@ FIELDS: tuple[Field, ...] = (
           "seconds a request waits for room in body_budget_bytes before a 503 with Retry-After"),
     Field("max_body_bytes", _non_negative_int, 16 * 1024 * 1024,
           "largest request body accepted (413 above it)"),
+    Field("max_prompt_tokens", _positive_int, 131_072,
+          "the model's context in tokens (gpt-oss: 131072): prompt + max_output_tokens above "
+          "it is a 400, or with truncation 'auto' the oldest input items are dropped to fit"),
     Field("max_concurrent_streams", _non_negative_int, 0,
           "repaired requests served at once; more get 429 with Retry-After (0: no limit)"),
     Field("passthrough_when_incapable", _bool, False,
@@ -174,6 +181,11 @@ FIELDS: tuple[Field, ...] = (
     Field("log_format", _choice("json", "text"), "json", "one JSON object per line, or text"),
     Field("log_content", _bool, False,
           "debug only: log prompts and outputs (never enable in production)"),
+    Field("reasoning_keys", parse_keys, (),
+          "AES-256-GCM keys for include reasoning.encrypted_content, ID:BASE64 comma-separated, "
+          "newest first (it seals, all open: rotate by prepending); unset: one random key per "
+          "process, so blobs do not survive a restart or cross replicas",
+          secret=True),
     Field("simulator_stream_interval", _positive_int, 20,
           "built-in simulator: tokens per engine output after the first (trtllm stream_interval)"),
     Field("simulator_token_seconds", _non_negative_float, 0.01,
@@ -204,6 +216,7 @@ class Settings:
     body_budget_bytes: int = 64 * 1024 * 1024
     body_budget_wait: float = 5.0
     max_body_bytes: int = 16 * 1024 * 1024
+    max_prompt_tokens: int = 131_072
     max_concurrent_streams: int = 0
     passthrough_when_incapable: bool = False
     delta_mode: str = "coalesce"
@@ -212,6 +225,7 @@ class Settings:
     log_level: str = "info"
     log_format: str = "json"
     log_content: bool = False
+    reasoning_keys: tuple[tuple[str, bytes], ...] = dataclasses.field(default=(), repr=False)
     simulator_stream_interval: int = 20
     simulator_token_seconds: float = 0.01
 
@@ -227,7 +241,8 @@ def _parse(field: Field, raw: Any, source: str) -> Any:
     try:
         return field.parse(text)
     except ValueError as exc:
-        raise ConfigError(f"{source}={text!r}: {exc}") from None
+        shown = "<secret>" if field.secret else repr(text)
+        raise ConfigError(f"{source}={shown}: {exc}") from None
 
 
 def load_file(path: Path) -> dict[str, Any]:

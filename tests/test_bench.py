@@ -64,6 +64,7 @@ def test_capacity_measures_cpu_and_memory_without_errors() -> None:
         ("cold_cache.py", ("--repeats", "1", "--gap-ms", "1", "--tokens", "60"), r"ResponseStream"),
         ("prepare.py", ("--repeats", "3"), r"20-item agent history"),
         ("unpatched_cost.py", ("--repeats", "1", "--tokens", "60"), r"20 per chunk"),
+        ("request_fields.py", ("--repeats", "1", "--items", "12"), r"truncation=auto cuts \|"),
     ],
 )
 def test_core_benchmarks_print_their_tables(

@@ -335,11 +335,12 @@ def test_the_worker_loop_in_process(encoding: HarmonyEncoding) -> None:
     own bug (here: no encoding) is reported, a panic carries its 400 and ends the loop."""
     import io
 
-    def frame(body: dict[str, Any]) -> bytes:
-        raw = orjson.dumps(body)
+    def frame(body: dict[str, Any] | bytes) -> bytes:
+        raw = body if isinstance(body, bytes) else orjson.dumps(body)
         return render_worker.HEADER.pack(len(raw)) + raw
 
-    inbound = io.BytesIO(frame(agent_body(3)) + frame({"model": MODEL}))
+    options = render_worker.RenderOptions().encode()
+    inbound = io.BytesIO(frame(options) + frame(agent_body(3)) + frame({"model": MODEL}))
     outbound = io.BytesIO()
     render_worker.serve(vocab.loaded_dir(os.environ), inbound, outbound)
     replies = []
@@ -361,3 +362,47 @@ def test_the_worker_loop_in_process(encoding: HarmonyEncoding) -> None:
     reply = panicked.value.reply
     assert reply.startswith(render_worker.PANICKED)
     assert render_worker.decode_error(memoryview(reply)[1:]).code == "render_failed"
+
+
+def test_workers_render_with_the_pools_options(encoding: HarmonyEncoding) -> None:
+    """The keys and the context limit reach the workers (their first frame), so a sealed
+    reasoning item and an over-long prompt are answered as inline (issue 14 through issue 12)."""
+    from proxy.harmony.reasoning_seal import ReasoningKeys
+
+    keys = ReasoningKeys.generate("k1")
+    options = render_worker.RenderOptions(reasoning_keys=keys, max_prompt_tokens=4000)
+    thought = "Let me think about the weather in Paris. " * 20
+    sealed_item = {"type": "reasoning", "summary": [], "encrypted_content": keys.seal([thought])}
+    plain_item = {
+        "type": "reasoning",
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": thought}],
+    }
+    question = {"role": "user", "content": "And tomorrow? " + "x" * 3000}  # worker-sized
+
+    def body(item: dict[str, Any], words: int = 10) -> dict[str, Any]:
+        return {
+            "model": MODEL,
+            "input": [item, {**question}, {"role": "user", "content": "w " * words}],
+        }
+
+    expected_ids = prepare_request(body(plain_item), encoding).prompt_token_ids
+    long_body = body(plain_item, words=8000)
+
+    async def render(pool: RenderPool) -> tuple[Any, Any, Any]:
+        return (
+            await aoutcome(pool.prepare(body(sealed_item))),
+            await aoutcome(pool.prepare(long_body)),
+            await aoutcome(pool.prepare(body({**sealed_item, "encrypted_content": "AAAA"}))),
+        )
+
+    sealed, too_long, foreign = run(render, encoding, options=options)
+    assert isinstance(sealed, PreparedRequest)
+    assert sealed.prompt_token_ids == expected_ids
+    assert too_long[:2] == ("error", 400), too_long
+    assert too_long[4] == "context_length_exceeded", too_long
+    assert foreign[:2] == ("error", 400), foreign
+    assert foreign[4] == "invalid_encrypted_content", foreign
+    # and the same answer without a worker
+    inline = outcome(lambda: options.render(long_body, encoding, None))
+    assert inline == too_long

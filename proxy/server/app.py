@@ -32,6 +32,7 @@ from starlette.types import Receive, Scope, Send
 from proxy import vocab
 from proxy.config import Settings
 from proxy.errors import ClientError, ProxyError, UnavailableError
+from proxy.harmony.reasoning_seal import ReasoningKeys
 from proxy.harmony.request import parse_body
 from proxy.harmony.request_prefix import PrefixCache
 from proxy.harmony.response import IdFactory, random_id
@@ -40,6 +41,7 @@ from proxy.metrics import Metrics
 from proxy.server import asgi, passthrough
 from proxy.server.budget import BodyBudget, discard_body, read_body
 from proxy.server.render import InlineRenderer, Renderer, RenderPool
+from proxy.server.render_worker import RenderOptions
 from proxy.server.repair import RepairDeps, ServerState, serve_repaired
 from proxy.upstream.client import Upstream
 
@@ -79,10 +81,12 @@ def create_app(
     state: ServerState | None = None,
     logger: logging.Logger | None = None,
     renderer: Renderer | None = None,
+    reasoning_keys: ReasoningKeys | None = None,
 ) -> Starlette:
     """Build the proxy app. Every seam is a parameter: the upstream transport, the metrics
     registry, ids and clocks, the shared state (draining), the logger, the renderer (default:
-    a `RenderPool` of `render_workers` processes, or inline when that is 0)."""
+    a `RenderPool` of `render_workers` processes, or inline when that is 0), the keys that seal
+    reasoning (default: `settings.reasoning_keys`, else one random key, with a warning)."""
     if settings.upstream_url is None:
         raise ValueError("create_app needs settings.upstream_url (serve starts the simulator)")
     registry = registry or CollectorRegistry()
@@ -95,12 +99,27 @@ def create_app(
     def log(message: str, **fields: Any) -> None:
         log_to.info(message, extra=fields)
 
+    if reasoning_keys is None and settings.reasoning_keys:
+        reasoning_keys = ReasoningKeys(settings.reasoning_keys)
+    if reasoning_keys is None:
+        # Issue 14: sealed reasoning must work out of the box, but a key made here dies with
+        # the process and differs per replica: say so once (never the key itself).
+        reasoning_keys = ReasoningKeys.generate()
+        log_to.warning(
+            "reasoning key generated",
+            extra={
+                "detail": "no reasoning_keys set: encrypted_content blobs will not open after "
+                "a restart or on another replica (set PROXY_REASONING_KEYS)"
+            },
+        )
+
     upstream = Upstream(
         settings.upstream_url, connect_timeout=settings.connect_timeout, transport=transport
     )
     prefixes = PrefixCache(encoding)
     if renderer is None:
-        renderer = _renderer(settings, encoding, prefixes, metrics, log)
+        options = RenderOptions(reasoning_keys, settings.max_prompt_tokens)
+        renderer = _renderer(settings, encoding, prefixes, options, metrics, log)
     budget = BodyBudget(settings.body_budget_bytes, settings.body_budget_wait)
     deps = RepairDeps(
         settings=settings,
@@ -111,6 +130,7 @@ def create_app(
         log=log,
         ids=ids,
         prefixes=prefixes,
+        reasoning_keys=reasoning_keys,
         clock=clock,
         monotonic=monotonic,
         renderer=renderer,
@@ -339,12 +359,13 @@ def _renderer(
     settings: Settings,
     encoding: HarmonyEncoding,
     prefixes: PrefixCache,
+    options: RenderOptions,
     metrics: Metrics,
     log: Callable[..., None],
 ) -> Renderer:
     """The default renderer: `render_workers` processes, loading the vocab this process loaded."""
     if settings.render_workers == 0:
-        return InlineRenderer(encoding, prefixes)
+        return InlineRenderer(encoding, prefixes, options)
     return RenderPool(
         encoding,
         vocab.loaded_dir(os.environ),
@@ -352,6 +373,7 @@ def _renderer(
         timeout=settings.render_timeout,
         queue=settings.render_queue,
         prefixes=prefixes,
+        options=options,
         log=log,
         on_render=lambda path, outcome: metrics.renders.labels(path, outcome).inc(),
     )

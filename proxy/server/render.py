@@ -38,9 +38,10 @@ import orjson
 from openai_harmony import HarmonyEncoding
 
 from proxy.errors import ClientError, ProxyError
-from proxy.harmony.request import PreparedRequest, prepare_request
+from proxy.harmony.request import PreparedRequest
 from proxy.harmony.request_prefix import PrefixCache
 from proxy.server import render_worker as wire
+from proxy.server.render_worker import RenderOptions
 
 #: Fast-path bounds, measured with bench/render_cost.py (BENCHMARKS.md, section 6): the
 #: costliest body within all three renders in ~1.5 ms; a worker round trip costs ~0.2-0.4 ms.
@@ -83,12 +84,18 @@ def is_cheap(payload: bytes) -> bool:
 class InlineRenderer:
     """`prepare_request` on the event loop: `render_workers = 0` (tests, benchmarks' baseline)."""
 
-    def __init__(self, encoding: HarmonyEncoding, prefixes: PrefixCache | None = None) -> None:
+    def __init__(
+        self,
+        encoding: HarmonyEncoding,
+        prefixes: PrefixCache | None = None,
+        options: RenderOptions | None = None,
+    ) -> None:
         self._encoding = encoding
         self._prefixes = prefixes or PrefixCache(encoding)
+        self._options = options or RenderOptions()
 
     async def prepare(self, body: dict[str, Any]) -> PreparedRequest:
-        return prepare_request(body, self._encoding, prefixes=self._prefixes)
+        return self._options.render(body, self._encoding, self._prefixes)
 
     async def start(self) -> None:
         return None
@@ -146,13 +153,15 @@ class RenderPool:
         timeout: float,
         queue: int,
         prefixes: PrefixCache | None = None,
+        options: RenderOptions | None = None,
         log: Callable[..., None] = lambda message, **fields: None,
         on_render: Callable[[str, str], None] = lambda path, outcome: None,
         python: str = sys.executable,
     ) -> None:
         if workers < 1:
             raise ValueError(f"a render pool needs at least one worker, got {workers}")
-        self._inline = InlineRenderer(encoding, prefixes)
+        self._options = options or RenderOptions()
+        self._inline = InlineRenderer(encoding, prefixes, self._options)
         self._vocab_dir = vocab_dir
         self._size = workers
         self._timeout = timeout
@@ -232,7 +241,7 @@ class RenderPool:
             booted = False
             try:
                 async with asyncio.timeout(BOOT_TIMEOUT):
-                    kind, _ = await worker.read()
+                    kind, _ = await worker.call(self._options.encode())
                 booted = kind == wire.READY
             except (TimeoutError, asyncio.IncompleteReadError, OSError):
                 pass

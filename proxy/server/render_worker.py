@@ -8,7 +8,9 @@ loop stalls every other stream, and a thread does not help. `render.RenderPool` 
 one request at a time over its stdin/stdout pipes, in frames of a 4-byte big-endian length and a
 payload:
 
-    parent → worker   orjson of the parsed request body (the dict `prepare` was given)
+    parent → worker   pickle(RenderOptions)                first frame, once: the options every
+                                                         render takes (keys stay off argv)
+                      orjson of the parsed request body (the dict `prepare` was given)
     worker → parent   b"R"                                 ready (sent once, after loading)
                       b"O" + u32 n + pickle(light) + ids   a PreparedRequest (`encode_prepared`)
                       b"E" + orjson {status,message,param,code}   the ClientError it raised
@@ -44,6 +46,7 @@ from typing import Any, BinaryIO
 import orjson
 
 from proxy.errors import ClientError
+from proxy.harmony.reasoning_seal import ReasoningKeys
 from proxy.harmony.request import PreparedRequest, prepare_request
 from proxy.harmony.request_prefix import PrefixCache
 
@@ -53,6 +56,36 @@ PREPARED = b"O"
 CLIENT_ERROR = b"E"
 FAILURE = b"X"
 PANICKED = b"P"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RenderOptions:
+    """What every render takes besides the body, the same inline and in a worker (plain data:
+    the parent sends it pickled as a worker's first frame, never on its command line, since
+    the keys are secrets)."""
+
+    #: Open `encrypted_content` of input reasoning items (issue 14).
+    reasoning_keys: ReasoningKeys | None = None
+    #: The model's context: prompt + `max_output_tokens` above it is a 400 or truncated.
+    max_prompt_tokens: int | None = None
+
+    def render(self, body: Any, encoding: Any, prefixes: PrefixCache | None) -> PreparedRequest:
+        return prepare_request(
+            body,
+            encoding,
+            prefixes=prefixes,
+            reasoning_keys=self.reasoning_keys,
+            max_prompt_tokens=self.max_prompt_tokens,
+        )
+
+    def encode(self) -> bytes:
+        # The fields, not the object: in the worker this module runs as `__main__`, where a
+        # pickled `proxy.server.render_worker.RenderOptions` would be another class.
+        return pickle.dumps({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+
+    @staticmethod
+    def decode(raw: bytes) -> RenderOptions:
+        return RenderOptions(**pickle.loads(raw))  # from our parent, over our own pipe
 
 
 def encode_prepared(prepared: PreparedRequest) -> bytes:
@@ -104,11 +137,13 @@ class Panicked(Exception):
         self.reply = reply
 
 
-def handle(raw: bytes, encoding: Any, prefixes: PrefixCache) -> bytes:
+def handle(
+    raw: bytes, encoding: Any, prefixes: PrefixCache, options: RenderOptions | None = None
+) -> bytes:
     """One request frame → one reply payload (never raises for what the client sent; raises
     `Panicked`, carrying the reply, when openai-harmony panicked)."""
     try:
-        prepared = prepare_request(orjson.loads(raw), encoding, prefixes=prefixes)
+        prepared = (options or RenderOptions()).render(orjson.loads(raw), encoding, prefixes)
     except ClientError as error:
         return encode_error(error)
     except Exception as exc:  # our bug: reported to the parent, which logs and answers it
@@ -144,9 +179,14 @@ def _write(stream: BinaryIO, payload: bytes) -> None:
 
 
 def serve(vocab_dir: Path, inbound: BinaryIO, outbound: BinaryIO) -> None:
-    """Load the encoding, say ready, then answer frames until EOF."""
+    """Read the options, load the encoding, say ready, then answer frames until EOF."""
     from proxy import vocab  # here: the module's import is light for the parent
 
+    header = _read_exact(inbound, HEADER.size)
+    first = None if header is None else _read_exact(inbound, HEADER.unpack(header)[0])
+    if first is None:
+        return
+    options = RenderOptions.decode(first)
     encoding = vocab.load_encoding(vocab_dir)
     prefixes = PrefixCache(encoding)
     _write(outbound, READY)
@@ -158,7 +198,7 @@ def serve(vocab_dir: Path, inbound: BinaryIO, outbound: BinaryIO) -> None:
         if raw is None:
             return
         try:
-            reply = handle(raw, encoding, prefixes)
+            reply = handle(raw, encoding, prefixes, options)
         except Panicked as panic:
             _write(outbound, panic.reply)
             return

@@ -33,6 +33,7 @@ from starlette.types import Scope, Send
 from proxy import sse
 from proxy.config import Settings
 from proxy.errors import ClientError, ProxyError, UnavailableError, UpstreamError
+from proxy.harmony.reasoning_seal import ReasoningKeys
 from proxy.harmony.request import PreparedRequest
 from proxy.harmony.request_prefix import PrefixCache
 from proxy.harmony.response import IdFactory, ResponseContext
@@ -84,8 +85,11 @@ class RepairDeps:
     ids: IdFactory
     #: Rendered system + developer prompts, shared by the requests of one app.
     prefixes: PrefixCache
-    #: Validation + rendering, off the event loop (render.py, issue 12).
+    #: Validation + rendering, off the event loop (render.py, issue 12); it opens input
+    #: reasoning with the same keys and applies `max_prompt_tokens`.
     renderer: Renderer
+    #: Seal `encrypted_content` of output reasoning items (issue 14).
+    reasoning_keys: ReasoningKeys
     clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
 
@@ -154,6 +158,8 @@ class Exchange:
             input_tokens=len(prepared.prompt_token_ids),
             namespaces=prepared.namespaces,
             coalesce_deltas=deps.settings.delta_mode == "coalesce",
+            clock=deps.clock,  # completed_at (issue 14)
+            seal=deps.reasoning_keys.seal if prepared.sealed_reasoning else None,
         )
         self.core = ResponseStream(deps.encoding, ctx, deps.ids)
 
