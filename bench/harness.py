@@ -162,15 +162,15 @@ async def start_process(
     *,
     core: int | None,
     ready_path: str,
-    root: Path = ROOT,
+    cwd: Path = ROOT,
 ) -> Process:
     """Start a server process pinned to `core` and wait until `ready_path` answers 200 (async:
-    the simulator it probes may be serving on this very loop). `root`: the source tree it runs
-    from (`python -m proxy` finds the `proxy` package of its working directory first)."""
+    the simulator it probes may be serving on this very loop). `python -m proxy` runs the
+    `proxy` package found in `cwd` (another checkout, for before/after comparisons)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROXY_")}
     popen = subprocess.Popen(
         [sys.executable, *argv],
-        cwd=root,
+        cwd=cwd,
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -206,14 +206,14 @@ async def start_proxy(
     upstream: str, *, core: int | None = PROXY_CORE, root: Path = ROOT, **settings: str
 ) -> Process:
     """`python -m proxy serve` against `upstream`, pinned to `core`, production settings (JSON
-    request log at info level, to /dev/null) unless overridden by `settings` (flag names).
-    `root`: another checkout of the proxy to run instead (a before/after comparison)."""
+    request log at info level, to /dev/null) unless overridden by `settings` (flag names); the
+    proxy of the checkout at `root`."""
     port = free_port()
     argv = ["-m", "proxy", "serve", "--upstream", upstream, "--host", "127.0.0.1"]
     argv += ["--port", str(port)]
     for key, value in settings.items():
         argv += ["--" + key.replace("_", "-"), value]
-    return await start_process("proxy", argv, port, core=core, ready_path="/readyz", root=root)
+    return await start_process("proxy", argv, port, core=core, ready_path="/readyz", cwd=root)
 
 
 async def start_relay(

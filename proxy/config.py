@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from proxy.harmony.reasoning_seal import parse_keys
+
 ENV_PREFIX = "PROXY_"
 CONFIG_ENV = "PROXY_CONFIG"
 
@@ -106,6 +108,8 @@ class Field:
     default: Any
     help: str
     aliases: tuple[str, ...] = ()
+    #: Its value never appears in an error message (keys).
+    secret: bool = False
 
     @property
     def env(self) -> str:
@@ -133,7 +137,8 @@ FIELDS: tuple[Field, ...] = (
           "seconds from the request to upstream's first token "
           "(prefill of long prompts under load)"),
     Field("idle_timeout", _positive_float, 120.0,
-          "seconds allowed between two upstream frames once tokens flow"),
+          "seconds allowed between two upstream tokens once they flow (frames without tokens "
+          "do not count); in pass-through, between two reads of upstream's body"),
     Field("send_timeout", _positive_float, 60.0,
           "seconds a client may accept nothing (not reading) before its stream is dropped "
           "and its upstream request released"),
@@ -141,8 +146,26 @@ FIELDS: tuple[Field, ...] = (
           "seconds of silence after which a `: keepalive` SSE comment is sent"),
     Field("drain_timeout", _positive_float, 30.0,
           "on SIGTERM, seconds in-flight streams may take to finish before they are failed"),
+    Field("drain_linger", _non_negative_float, 1.0,
+          "on SIGTERM, seconds the listener stays open at least (probes and new requests get "
+          "503) even when nothing is in flight; it closes at drain_timeout at the latest"),
+    Field("render_workers", _non_negative_int, 1,
+          "processes that validate and render /v1/responses requests off the event loop "
+          "(0: render on the event loop, the old behaviour)"),
+    Field("render_timeout", _positive_float, 20.0,
+          "seconds a request may take to render (400 above it, the worker is replaced), and "
+          "wait for a free render worker (429 above it)"),
+    Field("render_queue", _positive_int, 32,
+          "requests that may wait for a render worker at once; more get 429 with Retry-After"),
+    Field("body_budget_bytes", _non_negative_int, 64 * 1024 * 1024,
+          "request body bytes read and rendered at once, over all requests (0: no budget)"),
+    Field("body_budget_wait", _non_negative_float, 5.0,
+          "seconds a request waits for room in body_budget_bytes before a 503 with Retry-After"),
     Field("max_body_bytes", _non_negative_int, 16 * 1024 * 1024,
           "largest request body accepted (413 above it)"),
+    Field("max_prompt_tokens", _positive_int, 131_072,
+          "the model's context in tokens (gpt-oss: 131072): prompt + max_output_tokens above "
+          "it is a 400, or with truncation 'auto' the oldest input items are dropped to fit"),
     Field("max_concurrent_streams", _non_negative_int, 0,
           "repaired requests served at once; more get 429 with Retry-After (0: no limit)"),
     Field("passthrough_when_incapable", _bool, False,
@@ -158,6 +181,11 @@ FIELDS: tuple[Field, ...] = (
     Field("log_format", _choice("json", "text"), "json", "one JSON object per line, or text"),
     Field("log_content", _bool, False,
           "debug only: log prompts and outputs (never enable in production)"),
+    Field("reasoning_keys", parse_keys, (),
+          "AES-256-GCM keys for include reasoning.encrypted_content, ID:BASE64 comma-separated, "
+          "newest first (it seals, all open: rotate by prepending); unset: one random key per "
+          "process, so blobs do not survive a restart or cross replicas",
+          secret=True),
     Field("simulator_stream_interval", _positive_int, 20,
           "built-in simulator: tokens per engine output after the first (trtllm stream_interval)"),
     Field("simulator_token_seconds", _non_negative_float, 0.01,
@@ -181,7 +209,14 @@ class Settings:
     send_timeout: float = 60.0
     keepalive_interval: float = 15.0
     drain_timeout: float = 30.0
+    drain_linger: float = 1.0
+    render_workers: int = 1
+    render_timeout: float = 20.0
+    render_queue: int = 32
+    body_budget_bytes: int = 64 * 1024 * 1024
+    body_budget_wait: float = 5.0
     max_body_bytes: int = 16 * 1024 * 1024
+    max_prompt_tokens: int = 131_072
     max_concurrent_streams: int = 0
     passthrough_when_incapable: bool = False
     delta_mode: str = "coalesce"
@@ -190,6 +225,7 @@ class Settings:
     log_level: str = "info"
     log_format: str = "json"
     log_content: bool = False
+    reasoning_keys: tuple[tuple[str, bytes], ...] = dataclasses.field(default=(), repr=False)
     simulator_stream_interval: int = 20
     simulator_token_seconds: float = 0.01
 
@@ -205,7 +241,8 @@ def _parse(field: Field, raw: Any, source: str) -> Any:
     try:
         return field.parse(text)
     except ValueError as exc:
-        raise ConfigError(f"{source}={text!r}: {exc}") from None
+        shown = "<secret>" if field.secret else repr(text)
+        raise ConfigError(f"{source}={shown}: {exc}") from None
 
 
 def load_file(path: Path) -> dict[str, Any]:

@@ -31,6 +31,32 @@ DISCONNECT_PHASES = ("before_upstream", "before_first_token", "streaming", "pass
 CLIENT_TIMEOUT = "client_send"
 #: Upstream timeouts: before its first token, between frames, before its response headers.
 TIMEOUT_KINDS = ("first_token", "idle", "first_byte", CLIENT_TIMEOUT)
+#: `proxy_upstream_errors_total` kinds: the error codes of upstream failures, on both routes
+#: (a timeout is `timeout`). Pass-through (issue 12): `upstream_bad_response` for an answer
+#: that is no valid HTTP response (502 before our head, an abort after it),
+#: `upstream_disconnected` for one cut after our head.
+UPSTREAM_ERROR_KINDS = (
+    "upstream_unreachable",
+    "upstream_error",
+    "upstream_bad_response",
+    "upstream_disconnected",
+    "upstream_incomplete",
+    "malformed_frame",
+    "missing_token_ids",
+    "timeout",
+)
+
+#: (path, outcome) of `proxy_renders_total` (proxy/server/render.py).
+RENDER_LABELS = (
+    ("inline", "ok"),
+    ("inline", "client_error"),
+    ("worker", "ok"),
+    ("worker", "client_error"),
+    ("worker", "timeout"),
+    ("worker", "queue_full"),
+    ("worker", "worker_died"),
+    ("worker", "failed"),
+)
 
 _FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 _TTFT = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -217,6 +243,13 @@ class Metrics:
         )
         self.ready = Gauge("proxy_ready", "1 when /readyz answers 200", registry=r)
         self.draining = Gauge("proxy_draining", "1 after SIGTERM", registry=r)
+        # Issue 12: where requests were rendered (inline on the loop, or in a worker process)
+        # and how it ended; every label set exported at zero from the start.
+        self.renders = Counter(
+            "proxy_renders", "Request renders by path and outcome", ["path", "outcome"], registry=r
+        )
+        for path, outcome in RENDER_LABELS:
+            self.renders.labels(path, outcome)
         build = Gauge("proxy_build_info", "Build information", ["version", "harmony"], registry=r)
         build.labels(__version__, harmony_version).set(1)
         # Export zeros for the fixed label sets, so that rates, ratios and alerts have series
@@ -229,6 +262,8 @@ class Metrics:
             self.disconnects.labels(phase)
         for kind in TIMEOUT_KINDS:
             self.timeouts.labels(kind)
+        for kind in UPSTREAM_ERROR_KINDS:
+            self.upstream_errors.labels(kind)
         for status_class in ("2xx", "4xx", "5xx"):
             self.passthrough.labels(status_class)
 

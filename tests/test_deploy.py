@@ -223,8 +223,8 @@ def test_kubernetes_shutdown_outlasts_the_drain(
     sleep_command = proxy["lifecycle"]["preStop"]["exec"]["command"]
     assert sleep_command[0] == "sleep"
     pre_stop = float(sleep_command[1])
-    # SIGTERM after the preStop sleep, then up to drain_timeout, then uvicorn's own grace.
-    proxy_gone = pre_stop + drain + server._DRAIN_GRACE
+    # SIGTERM after the preStop sleep, then up to drain_timeout, then the exit (issue 12).
+    proxy_gone = pre_stop + drain + server.EXIT_MARGIN
     assert pod["terminationGracePeriodSeconds"] > proxy_gone
     liveness = proxy["livenessProbe"]
     assert liveness["periodSeconds"] * liveness["failureThreshold"] > proxy_gone
@@ -311,7 +311,7 @@ def test_compose_stack(name: str) -> None:
     assert proxy["build"]["dockerfile"] == "Dockerfile"
     assert (DEPLOY / "compose" / proxy["build"]["context"] / "Dockerfile").is_file()
     grace = float(proxy["stop_grace_period"].rstrip("s"))
-    assert grace > settings.drain_timeout + server._DRAIN_GRACE
+    assert grace > settings.drain_timeout + server.EXIT_MARGIN
     assert "/readyz" in " ".join(proxy["healthcheck"]["test"])
     assert "ports" not in services["trtllm-serve"], "clients go through the proxy"
     for service in services.values():
@@ -455,6 +455,7 @@ def exposition(encoding: HarmonyEncoding) -> Iterator[str]:
         app = create_app(settings, encoding, registry=CollectorRegistry())
         with LiveServer(app) as proxy:
             assert wait_for(lambda: app.state.proxy.capability.token_ids, 10)
+            assert wait_for(app.state.renderer.ready, 30)  # its render worker is up
             assert send_traffic(proxy.url, encoding) == EXPECTED_STATUSES
             assert wait_for(lambda: app.state.proxy.in_flight == 0, 5)
             yield httpx.get(proxy.url + "/metrics", timeout=5).text

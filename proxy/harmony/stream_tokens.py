@@ -166,6 +166,7 @@ class TokenMachine:
             namespaces=self._ctx.namespaces,
             output_index=len(self._output),
             ids=self._ids,
+            seal=self._ctx.seal,
         )
         item.tokens = self._message_tokens
         self._open = item

@@ -20,28 +20,34 @@ core's `error` + `response.failed`. A client that goes away cancels the exchange
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from openai_harmony import HarmonyEncoding
 from starlette.types import Scope, Send
 
 from proxy import sse
 from proxy.config import Settings
-from proxy.errors import ClientError, ProxyError, UpstreamError
+from proxy.errors import ClientError, ProxyError, UnavailableError, UpstreamError
 from proxy.harmony.parser import TokenTable
-from proxy.harmony.request import PreparedRequest, prepare_request
+from proxy.harmony.reasoning_seal import ReasoningKeys
+from proxy.harmony.request import PreparedRequest
 from proxy.harmony.request_prefix import PrefixCache
 from proxy.harmony.response import IdFactory, ResponseContext
 from proxy.harmony.stream import ResponseStream
 from proxy.metrics import CLIENT_TIMEOUT, HistogramBatch, Metrics
 from proxy.server import asgi
 from proxy.server.deadline import Deadline
+from proxy.server.render import Renderer
 from proxy.server.selfcheck import SelfCheck
 from proxy.upstream.client import Capability, Frames, Upstream
 from proxy.upstream.completions import FrameError
+
+T = TypeVar("T")
 
 _UNKNOWN = Capability(False, False, "upstream not probed yet")
 
@@ -52,6 +58,8 @@ class ServerState:
 
     capability: Capability = _UNKNOWN
     in_flight: int = 0
+    #: Requests being handled on the proxy's own routes (app.py), for the drain (runner.py).
+    active: int = 0
     draining: bool = False
     #: True once the drain period is over: open streams end with `response.failed`.
     force_end: bool = False
@@ -79,10 +87,43 @@ class RepairDeps:
     ids: IdFactory
     #: Rendered system + developer prompts, shared by the requests of one app.
     prefixes: PrefixCache
+    #: Validation + rendering, off the event loop (render.py, issue 12); it opens input
+    #: reasoning with the same keys and applies `max_prompt_tokens`.
+    renderer: Renderer
+    #: Seal `encrypted_content` of output reasoning items (issue 14).
+    reasoning_keys: ReasoningKeys
     #: The bytes of token ids, shared by the streams of one app (None: one per stream).
     tokens: TokenTable | None = None
     clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
+
+
+async def until_drained(state: ServerState, work: Awaitable[T]) -> T:
+    """`await work`, unless the drain period ends first: then 503 `server_shutting_down`
+    (issue 12: a request still rendering or waiting for upstream's head at the drain timeout
+    gets a JSON 503, never a 500 from uvicorn's cancellation)."""
+    timer: asyncio.Timeout | None = None
+
+    def interrupt() -> None:
+        if timer is not None and not timer.expired():
+            timer.reschedule(asyncio.get_running_loop().time())
+
+    state.interrupts.add(interrupt)
+    try:
+        if state.force_end:
+            raise TimeoutError
+        async with asyncio.timeout(None) as timer:
+            return await work
+    except TimeoutError:
+        if not state.force_end:
+            raise
+        raise UnavailableError(
+            "the proxy is shutting down; retry on another replica", code=_SHUTTING_DOWN
+        ) from None
+    finally:
+        state.interrupts.discard(interrupt)
+        if asyncio.iscoroutine(work):
+            work.close()  # never awaited when the drain had already ended
 
 
 class _End(Exception):
@@ -123,6 +164,8 @@ class Exchange:
             input_tokens=len(prepared.prompt_token_ids),
             namespaces=prepared.namespaces,
             coalesce_deltas=deps.settings.delta_mode == "coalesce",
+            clock=deps.clock,  # completed_at (issue 14)
+            seal=deps.reasoning_keys.seal if prepared.sealed_reasoning else None,
         )
         self.core = ResponseStream(deps.encoding, ctx, deps.ids, table=deps.tokens)
 
@@ -133,7 +176,7 @@ class Exchange:
         # `response.created` and `response.in_progress` are made and encoded while upstream
         # reads the request: the callback runs when this task first waits for it (issue 17).
         asyncio.get_running_loop().call_soon(self._opening)
-        async with self._upstream() as frames:
+        async with self._opened() as frames:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             self.phase = "before_first_token"
             await self._write(send, *self._opening())
@@ -154,7 +197,7 @@ class Exchange:
 
     async def answer(self, send: Send) -> None:
         """`stream: false`: the same path, answered with the terminal snapshot as JSON."""
-        async with self._upstream() as frames:
+        async with self._opened() as frames:
             self.phase = "before_first_token"
             self.selfcheck.observe(self.core.start())
             try:
@@ -176,6 +219,12 @@ class Exchange:
 
     # -- the pump ---------------------------------------------------------------------------
 
+    @contextlib.asynccontextmanager
+    async def _opened(self) -> AsyncIterator[Frames]:
+        """Upstream's stream; the wait for its head ends with a 503 at the drain's end."""
+        async with contextlib.AsyncExitStack() as stack:
+            yield await until_drained(self.deps.state, stack.enter_async_context(self._upstream()))
+
     def _upstream(self) -> Any:
         # The client's own X-Request-Id is replaced by ours (the same when it was a sane one),
         # as on the pass-through route: never two of them, never the client's junk, upstream.
@@ -192,6 +241,12 @@ class Exchange:
         """Yield the events of each upstream frame ([] = time for a keepalive) until the core
         ended; raise `_End` with the failure events when the stream breaks.
 
+        Both deadlines count from the last *token* (issue 12): the first token within
+        `first_token_timeout` of the request, each next one within `idle_timeout` of the one
+        before. Frames without tokens (empty ones, the usage frame) reset neither, so an
+        upstream that sends one token and then empty frames for ever still ends in
+        `upstream_timeout`. Keepalives count from the last bytes written to the client.
+
         The wait for a frame is one `await` under a deadline (`Frames` is cancel-safe), so a
         frame reaches the core one event-loop wake-up after its bytes: no task, timer or
         `asyncio.wait` per frame. The drain's end expires the current wait at once."""
@@ -206,33 +261,29 @@ class Exchange:
         state.interrupts.add(waits.expire)
         deadline = self.started + settings.first_token_timeout
         timeout_kind = "first_token"
+        ping_every = settings.keepalive_interval if keepalive else math.inf
+        ping_at = deps.monotonic() + ping_every
         try:
             while not core.ended:
                 if state.force_end:
                     self._fail(_SHUTTING_DOWN, "the proxy is shutting down")
                 now = deps.monotonic()
-                wait = max(0.0, deadline - now)
-                if keepalive:
-                    wait = min(wait, settings.keepalive_interval)
-                try:
-                    async with waits.after(wait):
-                        frame = await frames.__anext__()
-                except TimeoutError:
-                    if state.force_end:
-                        self._fail(_SHUTTING_DOWN, "the proxy is shutting down")
-                    if deps.monotonic() >= deadline:
-                        deps.metrics.timeouts.labels(timeout_kind).inc()
-                        limit = (
-                            settings.first_token_timeout
-                            if timeout_kind == "first_token"
-                            else settings.idle_timeout
-                        )
-                        what = "first token" if timeout_kind == "first_token" else "next frame"
-                        self._fail(
-                            "upstream_timeout", f"upstream sent no {what} within {limit:g} s"
-                        )
+                if now >= deadline:
+                    deps.metrics.timeouts.labels(timeout_kind).inc()
+                    if timeout_kind == "first_token":
+                        limit, what = settings.first_token_timeout, "first token"
+                    else:
+                        limit, what = settings.idle_timeout, "next token"
+                    self._fail("upstream_timeout", f"upstream sent no {what} within {limit:g} s")
+                if now >= ping_at:
+                    ping_at = now + ping_every
                     yield []
                     continue
+                try:
+                    async with waits.after(min(deadline, ping_at) - now):
+                        frame = await frames.__anext__()
+                except TimeoutError:
+                    continue  # a deadline, a keepalive, or the drain's end: see above
                 except StopAsyncIteration:
                     self._fail(
                         "upstream_incomplete",
@@ -251,13 +302,14 @@ class Exchange:
                     if frame.token_ids:
                         self.phase = "streaming"
                         timeout_kind = "idle"
+                        deadline = arrived + settings.idle_timeout
                 if frame.finish_reason is not None:
                     events += core.finish(frame.finish_reason, frame.stop_reason)
-                if timeout_kind == "idle":  # empty frames do not end the wait for a first token
-                    deadline = arrived + settings.idle_timeout
                 if events:
                     yield events
-                    overhead.observe(deps.monotonic() - arrived)
+                    sent = deps.monotonic()
+                    ping_at = sent + ping_every
+                    overhead.observe(sent - arrived)
                     core.account()  # the recovery accounting, once the events are out
                 if frame.token_ids or frame.finish_reason is None:
                     frame_tokens.observe(len(frame.token_ids))
@@ -335,8 +387,11 @@ async def serve_repaired(
     body: dict[str, Any],
     request_id: str,
     started: float,
+    *,
+    on_prepared: Callable[[], None] | None = None,
 ) -> None:
-    """Serve a parsed `/v1/responses` body whose model is in the repair set."""
+    """Serve a parsed `/v1/responses` body whose model is in the repair set. `on_prepared` is
+    called once the body is rendered (or refused): the app's body budget then lets it go."""
     metrics, state, settings = deps.metrics, deps.state, deps.settings
     stream = body.get("stream") is True
     stream_label = "true" if stream else "false"
@@ -345,7 +400,11 @@ async def serve_repaired(
     exchange: Exchange | None = None
     outcome = "client_error"
     try:
-        prepared = prepare_request(body, deps.encoding, prefixes=deps.prefixes)
+        try:
+            prepared = await until_drained(state, deps.renderer.prepare(body))
+        finally:
+            if on_prepared is not None:
+                on_prepared()
         if not state.capability.token_ids:
             raise UpstreamError(
                 f"cannot repair: {state.capability.detail}",
@@ -364,7 +423,9 @@ async def serve_repaired(
     except ProxyError as error:
         if isinstance(error, UpstreamError):
             outcome = "upstream_error"
-        extra = [(b"retry-after", b"1")] if error.status == 429 else []
+        elif isinstance(error, UnavailableError):
+            outcome = "rejected"
+        extra = [(b"retry-after", b"1")] if error.status in (429, 503) else []
         await asgi.send_error(send, error, [*id_header, *extra])
         metrics.requests.labels(
             "responses", stream_label, outcome, metrics.model_label(model)
@@ -393,6 +454,9 @@ async def serve_repaired(
             exchange.status = error.status
             exchange.error_code = error.code
             outcome = "client_error" if isinstance(error, ClientError) else "upstream_error"
+            if isinstance(error, UnavailableError):
+                outcome = "rejected"
+                id_header = [*id_header, (b"retry-after", b"1")]
             if error.code:
                 kind = "timeout" if error.code == "upstream_timeout" else error.code
                 if isinstance(error, UpstreamError):
