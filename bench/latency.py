@@ -24,7 +24,8 @@ proxy's added time to `response.created` ≤ 1.5 ms p50 and its added per-frame 
 p50; both are printed against them. The relays are shown for scale (what any proxy on this
 stack adds without doing anything per frame), no longer as a target. `--before DIR` adds a
 "proxy-before" path: the proxy of another checkout (e.g. `git worktree add DIR main`), measured
-in the same round robin, for a before/after in one run.
+in the same round robin, for a before/after in one run; a change by more than a tenth of the
+target counts as a regression (less is run-to-run noise on this machine).
 The first frame carries one token (`<|channel|>`), which has no text: on every path the first
 text arrives with the second frame, so "first content" is not a like-for-like comparison; the
 per-frame figures are.
@@ -52,6 +53,8 @@ BEFORE = "proxy-before"
 #: Issue 17's targets for the proxy, p50, added over direct: to `response.created`, per frame.
 TARGET_FIRST_EVENT_MS = 1.5
 TARGET_PER_FRAME_MS = 0.5
+#: A change by more than this share of a target counts as a regression (less is run-to-run noise).
+REGRESSION_SHARE = 0.1
 
 
 @dataclass
@@ -223,11 +226,17 @@ def report(samples: dict[str, Samples], args: argparse.Namespace, pinned: bool) 
             f"{TARGET_PER_FRAME_MS} ms: {'met' if frame <= TARGET_PER_FRAME_MS else 'MISSED'}"
         )
     if BEFORE in samples:
-        for name, attribute in (("response.created", "first_event"), ("per frame", "per_frame")):
-            now = harness.median(getattr(samples["proxy"], attribute))
-            then = harness.median(getattr(samples[BEFORE], attribute))
-            verdict = "no regression" if now <= then else "REGRESSION"
-            print(f"proxy vs proxy-before, {name}: {(now - then) * ms:+.3f} ms p50 ({verdict})")
+        checks = (
+            ("response.created", "first_event", TARGET_FIRST_EVENT_MS),
+            ("per frame", "per_frame", TARGET_PER_FRAME_MS),
+        )
+        for name, attribute, target in checks:
+            change = added(
+                getattr(samples["proxy"], attribute), getattr(samples[BEFORE], attribute)
+            )
+            # within a tenth of the target is noise on this machine, not a regression
+            verdict = "REGRESSION" if change > target * REGRESSION_SHARE else "no regression"
+            print(f"proxy vs proxy-before, {name}: {change:+.3f} ms p50 ({verdict})")
     added_sse = added(samples["proxy"].first_sse, direct.first_sse)
     print(
         f"as the first SSE event a client reads (upstream's first token frame vs the proxy's "

@@ -7,7 +7,8 @@ Upstream's emitter (`unpatched.py`, steps 1-3) feeds each engine output, id by i
 `StreamableParser` and then reads, once per output: whether the parser waits for `<|start|>`,
 the channel and recipient of the last message it closed, and `last_content_delta` with the
 current channel and recipient. The core feeds the very same ids, one by one, to a parser of its
-own. As long as both parsers saw the same ids the two are in the same state after every frame,
+own (`parser.HarmonyParser`, which answers as openai-harmony's does). As long as both parsers
+saw the same ids the two are in the same state after every frame,
 so this accounting reads those values from the core's parser (one to three property reads per
 frame) and from the headers the core reads anyway — no second parser, no work per token:
 

@@ -142,7 +142,6 @@ class Exchange:
     request_id: str
     started: float
     headers: list[tuple[str, str]]
-    core: ResponseStream = field(init=False)
     selfcheck: SelfCheck = field(default_factory=SelfCheck)
     phase: str = "before_upstream"
     status: int = 200
@@ -153,8 +152,17 @@ class Exchange:
     opening: tuple[list[dict[str, Any]], bytes] | None = None
     #: The client has its whole answer (the terminal event, or the JSON body).
     delivered: bool = False
+    _core: ResponseStream | None = field(default=None, init=False, repr=False)
 
-    def __post_init__(self) -> None:
+    @property
+    def core(self) -> ResponseStream:
+        """The repair core, made at first use: once the request is on its way upstream (in
+        `_opening`), so making it does not delay the request (issue 17)."""
+        if self._core is None:
+            self._core = self._make_core()
+        return self._core
+
+    def _make_core(self) -> ResponseStream:
         deps, prepared = self.deps, self.prepared
         ctx = ResponseContext(
             response_id=deps.ids("resp"),
@@ -167,7 +175,7 @@ class Exchange:
             clock=deps.clock,  # completed_at (issue 14)
             seal=deps.reasoning_keys.seal if prepared.sealed_reasoning else None,
         )
-        self.core = ResponseStream(deps.encoding, ctx, deps.ids, table=deps.tokens)
+        return ResponseStream(deps.encoding, ctx, deps.ids, table=deps.tokens)
 
     # -- the two answers: an event stream, or one JSON object --------------------------------
 
