@@ -132,10 +132,15 @@ def test_delete_removes_entry_log_and_aliases(opener: Opener) -> None:
         )
         assert await store.resolve("alice", "fc_2") == "resp_a"
         assert await store.resolve("bob", "fc_2") is None
+        await store.apply([Update("resp_a", b"{}", aliases=("rs_3",))])
+        assert await store.resolve("alice", "rs_3") == "resp_a"
+        assert await store.resolve("alice", "msg_1") == "resp_a"
+        assert await store.resolve("bob", "rs_3") is None
         await store.apply([Delete("resp_a")])
         assert await store.get("alice", "resp_a") is None
         assert await store.read_log("resp_a") == []
         assert await store.resolve("alice", "fc_2") is None
+        assert await store.resolve("alice", "rs_3") is None
         assert await store.stats() == type(await store.stats())(0, 0)
         await store.apply([Delete("resp_a")])  # deleting twice is fine
         await store.aclose()

@@ -9,12 +9,15 @@ answers it (fixture d25). An explicit null means "unset", as on the OpenAI wire.
 Fields are honoured where the proxy can (sampling, reasoning effort, instructions, tools, text
 format), echoed where the response object carries them, and otherwise ignored — never forwarded
 upstream. Those that cannot be honoured without silently changing the answer are rejected:
-`previous_response_id` and `conversation` (the proxy keeps no responses yet), `background`
-(needs that store), `prompt` (templates live on OpenAI's side; upstream rejects it too).
+`conversation` (issue 16), `prompt` (templates live on OpenAI's side; upstream rejects it too),
+`background` without `store`, and a `previous_response_id` still in the body: the shell
+resolves it from the response store (issue 13) and renders the merged body without it, so one
+that reaches this point means the store is off.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -100,6 +103,8 @@ _EFFORTS = ("low", "medium", "high")  # gpt-oss's Harmony ReasoningEffort; other
 _SUMMARIES = ("auto", "concise", "detailed")
 _SERVICE_TIERS = ("auto", "default", "flex", "scale", "priority", "fast", "ultrafast")
 _MAX_TOKENS = 2**31 - 1
+#: The ids of stored responses: `resp_` and up to 96 letters or digits (ours are 32 hex digits).
+_RESPONSE_ID = re.compile(r"resp_[A-Za-z0-9]{1,96}")
 
 _T = TypeVar("_T")
 
@@ -132,6 +137,7 @@ class Fields:
     truncation: str
     user: str | None
     thinking_token_budget: int | None
+    background: bool = False
 
 
 def read_fields(value: Any) -> Fields:
@@ -186,16 +192,28 @@ def read_fields(value: Any) -> Fields:
         truncation=_choice(body, "truncation", ("auto", "disabled")) or "disabled",
         user=_optional(body, "user", want_str),
         thinking_token_budget=_int(body, "thinking_token_budget", 0, _MAX_TOKENS),
+        background=_optional(body, "background", want_bool) or False,
     )
+
+
+def check_response_id(value: Any, path: str) -> str:
+    """A response id as the proxy makes them (`resp_` + letters and digits), else a 400 naming
+    `path` — before any store is asked (issue 13: malformed → 400, unknown → 404)."""
+    text = want_str(value, path)
+    if not _RESPONSE_ID.fullmatch(text):
+        fail(path, value, "expected an ID that begins with 'resp_'", code="invalid_value")
+    return text
 
 
 def _reject_unservable(body: dict[str, Any]) -> None:
     previous = present(body, "previous_response_id")
     if previous is not None:
+        check_response_id(previous, "previous_response_id")
         fail(
             "previous_response_id",
             previous,
-            "this proxy keeps no responses yet; send the whole conversation in 'input'",
+            "the response store is off on this proxy (store_url = off); send the whole "
+            "conversation in 'input'",
             code="unsupported_parameter",
         )
     conversation = present(body, "conversation")
@@ -214,14 +232,9 @@ def _reject_unservable(body: dict[str, Any]) -> None:
             code="unsupported_parameter",
         )
     background = _optional(body, "background", want_bool)
-    if background:
-        store = _optional(body, "store", want_bool)
-        problem = (
-            "background responses require 'store': true"
-            if store is False
-            else "background responses need a response store, which this proxy does not keep yet"
-        )
-        fail("background", background, problem, code="unsupported_parameter")
+    if background and _optional(body, "store", want_bool) is False:
+        # OpenAI's rule: a background response lives in the store, or nowhere.
+        fail("background", background, "background responses require 'store': true")
 
 
 def _read_reasoning(value: Any) -> tuple[str | None, dict[str, Any] | None]:

@@ -74,11 +74,12 @@ class Create:
 
 @dataclass(frozen=True, slots=True)
 class Update:
-    """Replace an entry's document (and lease, when given)."""
+    """Replace an entry's document (and lease, when given); add aliases."""
 
     key: str
     doc: bytes
     lease: float | None = None
+    aliases: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,9 +70,12 @@ class MemoryStore(Store):
             return
         held = held_or_none
         if isinstance(op, Update):
-            grow = len(op.doc) - len(held.entry.doc)
+            grow = len(op.doc) - len(held.entry.doc) + entry_size(b"", op.aliases)
             lease = held.entry.lease if op.lease is None else op.lease
             held.entry = replace(held.entry, doc=op.doc, lease=lease)
+            held.aliases += op.aliases
+            for alias in op.aliases:
+                self._aliases[(held.entry.scope, alias)] = op.key
             held.size += grow
             self._bytes += grow
             self._waiters.wake(op.key)

@@ -92,9 +92,20 @@ while i <= #ARGV do
       local old = redis.call('HSTRLEN', e, 'doc')
       redis.call('HSET', e, 'doc', ARGV[i + 2])
       if ARGV[i + 3] ~= '' then redis.call('HSET', e, 'lease', ARGV[i + 3]) end
-      grow(key, #ARGV[i + 2] - old)
+      local added = ARGV[i + 4]
+      if added ~= '' then
+        local scope, aliases, expires =
+          unpack(redis.call('HMGET', e, 'scope', 'aliases', 'expires'))
+        local at = math.floor(tonumber(expires) * 1000)
+        for alias in string.gmatch(added, '[^\n]+') do
+          redis.call('SET', p .. 'a:' .. scope .. ':' .. alias, key, 'PXAT', at)
+        end
+        if aliases ~= '' then added = aliases .. '\n' .. added end
+        redis.call('HSET', e, 'aliases', added)
+      end
+      grow(key, #ARGV[i + 2] - old + tonumber(ARGV[i + 5]))
     end
-    i = i + 4
+    i = i + 6
   elseif op == 'append' then
     if redis.call('EXISTS', e) == 1 then
       local l = p .. 'l:' .. key
@@ -157,7 +168,9 @@ def _args(op: Op) -> list[Any]:
             size,
         ]
     if isinstance(op, Update):
-        return ["update", op.key, op.doc, "" if op.lease is None else repr(op.lease)]
+        lease = "" if op.lease is None else repr(op.lease)
+        added = entry_size(b"", op.aliases)
+        return ["update", op.key, op.doc, lease, "\n".join(op.aliases), added]
     if isinstance(op, Append):
         return ["append", op.key, op.mark, op.data]
     if isinstance(op, Signal):

@@ -209,14 +209,23 @@ class SqliteStore(Store):
             woken.add(op.key)
             return size - freed
         if isinstance(op, Update):
-            row = db.execute("SELECT length(doc) FROM entries WHERE key = ?", (op.key,)).fetchone()
+            row = db.execute(
+                "SELECT length(doc), scope, aliases FROM entries WHERE key = ?", (op.key,)
+            ).fetchone()
             if row is None:
                 return 0
-            grow = len(op.doc) - int(row[0])
+            old_size, scope, aliases = row
+            grow = len(op.doc) - int(old_size) + entry_size(b"", op.aliases)
+            if op.aliases:
+                aliases = _ALIAS_SEP.join(filter(None, [aliases, *op.aliases]))
+                db.executemany(
+                    "INSERT OR REPLACE INTO aliases VALUES (?, ?, ?)",
+                    [(scope, alias, op.key) for alias in op.aliases],
+                )
             db.execute(
-                "UPDATE entries SET doc = ?, size = size + ?, lease = coalesce(?, lease)"
-                " WHERE key = ?",
-                (op.doc, grow, op.lease, op.key),
+                "UPDATE entries SET doc = ?, size = size + ?, lease = coalesce(?, lease),"
+                " aliases = ? WHERE key = ?",
+                (op.doc, grow, op.lease, aliases, op.key),
             )
             woken.add(op.key)
             return grow

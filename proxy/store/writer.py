@@ -32,8 +32,9 @@ class Source(Protocol):
     def take(self) -> list[Op]: ...
 
 
-#: (error, how many writes it cost) → log and count; the writer carries on.
-OnError = Callable[[StoreError, int], None]
+#: (error, how many writes it cost, whether they were dropped unapplied) → log and count; the
+#: writer carries on. A failed apply is counted by the store's metrics; a drop only here.
+OnError = Callable[[StoreError, int, bool], None]
 #: Sources waiting at most; more means the store is far behind (down): their writes are dropped.
 MAX_PENDING = 10_000
 
@@ -62,7 +63,7 @@ class StoreWriter:
         if id(source) in self._pending:
             return True
         if len(self._pending) >= self._max_pending or self._closing:
-            self._on_error(StoreError("the store's write backlog is full"), 1)
+            self._on_error(StoreError("the store's write backlog is full"), 1, True)
             return False
         self._pending[id(source)] = source
         self._wake.set()
@@ -99,7 +100,7 @@ class StoreWriter:
             except Exception as exc:  # a bug below us must not stop every later write
                 error = StoreError(f"{type(exc).__name__}: {exc}")
             if error is not None:
-                self._on_error(error, len(ops))
+                self._on_error(error, len(ops), False)
             if flushed is not None and not flushed.done():
                 if error is None:
                     flushed.set_result(None)
