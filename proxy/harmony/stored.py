@@ -23,6 +23,8 @@ from typing import Any
 
 import orjson
 
+from proxy.harmony import events as ev
+
 #: Event types that end a stream (a cancelled response ends with `response.failed` whose
 #: response has status `cancelled`: OpenAI's event set has no `response.cancelled`).
 TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
@@ -107,25 +109,53 @@ def _add_text(item: dict[str, Any], kind: str, delta: str) -> None:
 def ended_events(
     response: dict[str, Any], next_sequence: int, code: str, message: str
 ) -> list[dict[str, Any]]:
-    """`error` + `response.failed` for a stored response that can no longer end by itself
-    (its runner is gone): open items closed as incomplete, numbered from `next_sequence`."""
-    output = [
-        {**item, "status": "incomplete"} if item.get("status") == "in_progress" else item
-        for item in response.get("output", [])
-    ]
+    """The events that end a stored response that can no longer end by itself (its runner is
+    gone): the open item closed as incomplete with its done events, then `error` and
+    `response.failed`, numbered from `next_sequence` (contract rule 8: one terminal event)."""
+    closing: list[dict[str, Any]] = []
+    output = []
+    for index, item in enumerate(response.get("output", [])):
+        if item.get("status") == "in_progress":
+            item = {**item, "status": "incomplete"}
+            closing += _closing(index, item)
+        output.append(item)
     failed = {
         **response,
         "status": "failed",
         "output": output,
         "error": {"code": "server_error", "message": message},
+        # What its runner counted died with it; a terminal response carries usage (zeros).
+        "usage": response.get("usage") or _NO_USAGE,
     }
+    events = [*closing, ev.error_event(code, message), ev.response_event("response.failed", failed)]
+    for number, event in enumerate(events, start=next_sequence):
+        event["sequence_number"] = number
+    return events
+
+
+_NO_USAGE = {
+    "input_tokens": 0,
+    "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+    "output_tokens": 0,
+    "output_tokens_details": {"reasoning_tokens": 0},
+    "total_tokens": 0,
+}
+
+
+def _closing(index: int, item: dict[str, Any]) -> list[dict[str, Any]]:
+    """The done events of an item closed where it stands (`as_it_stands` gave its text)."""
+    kind = item["type"]
+    if kind == ev.FUNCTION_CALL:
+        done = ev.text_done(kind, index, item["id"], item.get("arguments", ""))
+        return [done, ev.item_done(index, item)]
+    if kind not in (ev.MESSAGE, ev.REASONING):
+        return [ev.item_done(index, item)]
+    content = item.get("content") or []
+    text = content[0]["text"] if content else ""
+    part = ev.output_text_part(text) if kind == ev.MESSAGE else ev.reasoning_text_part(text)
+    item["content"] = [part]
     return [
-        {
-            "type": "error",
-            "code": code,
-            "message": message,
-            "param": None,
-            "sequence_number": next_sequence,
-        },
-        {"type": "response.failed", "response": failed, "sequence_number": next_sequence + 1},
+        ev.text_done(kind, index, item["id"], text),
+        ev.part_done(index, item["id"], part),
+        ev.item_done(index, item),
     ]
