@@ -42,6 +42,7 @@ class Stack:
     simulator: LiveServer
     proxy: LiveServer
     app: Starlette
+    store: Store | None
 
     @property
     def base_url(self) -> str:
@@ -78,7 +79,7 @@ def stack(
         app = create_app(settings, encoding, store=store)
         with LiveServer(app) as proxy:
             assert wait_for(lambda: app.state.proxy.capability.token_ids, 10)
-            yield Stack(simulator, proxy, app)
+            yield Stack(simulator, proxy, app, store)
 
 
 def until(predicate: Callable[[], Any], timeout: float = 10.0) -> Any:

@@ -479,3 +479,71 @@ def test_openai_agents_tool_loop_over_previous_response_id(live: Stack) -> None:
     # every later turn was sent as a continuation: its prompt extends the one before
     for earlier, later in itertools.pairwise(records):
         assert later.prompt_ids[: len(earlier.prompt_ids) - 3] == earlier.prompt_ids[:-3]
+
+
+# -- leases, bounds, store off ---------------------------------------------------------------------
+
+
+def test_a_response_whose_runner_died_ends_failed_for_readers(live: Stack) -> None:
+    """A process that dies mid-response leaves it `in_progress` with a lease that runs out;
+    the next reader ends it as failed, with the events a resumed stream needs."""
+    from proxy.harmony.stored import StoredResponse, encode_events
+    from proxy.store import Append, Create
+
+    client = live.client()
+    events = dumped(client.responses.create(model=MODEL, input="Half done", stream=True))
+    cut = next(i for i, e in enumerate(events) if e["type"].endswith(".delta")) + 1
+    orphan = "resp_" + "a" * 32
+    started = [
+        {**e, "response": {**e["response"], "id": orphan}} if "response" in e else e
+        for e in events[:cut]
+    ]
+    record = StoredResponse(started[0]["response"], [], (), True)
+    scope = scope_of([(b"authorization", b"Bearer key-alice")], "authorization")
+    now = time.time()
+    assert live.store is not None
+    writes = [
+        Create(orphan, scope, record.encode(), created=now, expires=now + 60, lease=now - 1),
+        Append(orphan, *encode_events(started)),
+    ]
+    live.proxy.call(live.store.apply(writes))
+    failed = client.responses.retrieve(orphan)
+    assert failed.status == "failed"
+    assert failed.error is not None
+    assert "stopped" in failed.error.message
+    replay = dumped(client.responses.retrieve(orphan, stream=True))
+    assert assert_well_formed(replay)["status"] == "failed"
+    assert replay[-2]["code"] == "runner_gone"
+
+
+def test_store_max_bytes_evicts_the_oldest_responses(encoding: HarmonyEncoding) -> None:
+    with stack(encoding, MemoryStore(max_bytes=60_000)) as small:
+        client = small.client(max_retries=0)
+        keys = [client.responses.create(model=MODEL, input=f"Turn {n}").id for n in range(12)]
+        assert client.responses.retrieve(keys[-1]).status == "completed"
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(keys[0])
+        assert small.metric("proxy_store_evictions_total", reason="size") > 0
+
+
+def test_store_off_refuses_what_needs_it_and_passes_ids_through(
+    encoding: HarmonyEncoding,
+) -> None:
+    with stack(encoding, None, store_url="off") as off:
+        client = off.client(max_retries=0)
+        created = client.responses.create(model=MODEL, input="Stateless")
+        assert created.status == "completed"
+        for body, param in (
+            ({"previous_response_id": created.id}, "previous_response_id"),
+            ({"background": True}, "background"),
+            ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].id"),
+        ):
+            with pytest.raises(openai.BadRequestError) as caught:
+                client.responses.create(**{"model": MODEL, "input": "x", **body})  # type: ignore[call-overload]
+            assert caught.value.body["param"] == param  # type: ignore[index]
+            assert "off" in caught.value.body["message"]  # type: ignore[index]
+        # GET is upstream's business then: trtllm-serve never saw this response
+        answer = httpx.get(f"{off.base_url}/responses/{created.id}")
+        assert answer.status_code == 404
+        assert "not found" in answer.text
+        assert client.responses.input_tokens.count(input="x").input_tokens > 0

@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 #: Seconds between looks at the running entries' signals (missed pub/sub, poller gaps).
 CHECK_PERIOD = 5.0
 _SHUTTING_DOWN = "server_shutting_down"
+#: Seconds runs cancelled at shutdown get to store their end.
+_SHUTDOWN_GRACE = 5.0
 
 
 @dataclass
@@ -158,14 +160,18 @@ class Background:
                 await asyncio.sleep(1.0)
 
     async def aclose(self, timeout: float) -> None:
-        """Shutdown: runs still going end as failed (their stored copies say so)."""
-        for run in self.runs.values():
+        """Shutdown: runs get the drain period like open streams (the drain's end fails them
+        with `server_shutting_down`); any still going then are ended as failed here."""
+        tasks = [run.task for run in self.runs.values() if run.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)
+        for run in list(self.runs.values()):
             if run.task is not None and run.reason is None:
                 run.reason = "shutdown"
                 run.task.cancel()
         tasks = [run.task for run in self.runs.values() if run.task is not None]
         if tasks:
-            await asyncio.wait(tasks, timeout=timeout)
+            await asyncio.wait(tasks, timeout=_SHUTDOWN_GRACE)
         if self._listener is not None:
             self._listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -36,6 +36,7 @@ from starlette.types import Scope, Send
 from proxy import sse
 from proxy.config import Settings
 from proxy.errors import ClientError, ProxyError, UpstreamError
+from proxy.harmony.history import references
 from proxy.harmony.request import PreparedRequest, prepare_request
 from proxy.harmony.request_prefix import PrefixCache
 from proxy.harmony.response import IdFactory, ResponseContext
@@ -384,13 +385,7 @@ async def serve_repaired(
         if stateful is not None:
             prepared, context = await stateful.prepare(body, scope_key, render)
         else:
-            if body.get("background") is True:
-                raise ClientError(
-                    "background responses need the response store, which is off on this proxy "
-                    "(store_url = off)",
-                    param="background",
-                    code="unsupported_parameter",
-                )
+            _without_store(body)
             prepared = await render(body)
         if not state.capability.token_ids:
             raise UpstreamError(
@@ -475,6 +470,24 @@ async def serve_repaired(
             # Ended early (client gone, error before the first byte): so does its stored copy.
             await exchange.recorder.finish(exchange.settle(), wait=False)
     _finish(deps, exchange, outcome, stream_label, model, started, body)
+
+
+def _without_store(body: dict[str, Any]) -> None:
+    """`store_url = off`: what needs the store is a 400, never silently dropped."""
+    if body.get("background") is True:
+        raise ClientError(
+            "background responses need the response store, which is off on this proxy "
+            "(store_url = off)",
+            param="background",
+            code="unsupported_parameter",
+        )
+    for index, ref in references(body.get("input")):
+        raise ClientError(
+            f"Item with id '{ref[:100]}' cannot be looked up: the response store is off on "
+            "this proxy (store_url = off); send the item itself",
+            param=f"input[{index}].id",
+            code="unsupported_parameter",
+        )
 
 
 async def _background_answer(
