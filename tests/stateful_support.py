@@ -95,3 +95,14 @@ def until(predicate: Callable[[], Any], timeout: float = 10.0) -> Any:
 
 def dumped(events: Any) -> list[dict[str, Any]]:
     return [e.model_dump(mode="json", exclude_unset=True) for e in events]
+
+
+def first_events(stream: Any, count: int) -> list[dict[str, Any]]:
+    """Read `count` events of an SDK stream, then drop it (the client goes away)."""
+    seen: list[dict[str, Any]] = []
+    for event in stream:
+        seen.append(event.model_dump(mode="json", exclude_unset=True))
+        if len(seen) == count:
+            break
+    stream.close()
+    return seen

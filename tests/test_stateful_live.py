@@ -17,7 +17,8 @@ from openai_harmony import HarmonyEncoding
 from proxy.harmony.request import prepare_request
 from proxy.server.stateful import SHARED_SCOPE, scope_of
 from proxy.store.memory import MemoryStore
-from tests.stateful_support import LONG, MODEL, TOOLS, Stack, dumped, stack, until
+from tests.agents_support import weather_agent
+from tests.stateful_support import LONG, MODEL, TOOLS, Stack, dumped, first_events, stack, until
 from tests.wellformed import assert_well_formed
 
 
@@ -280,12 +281,7 @@ def test_background_stream_dropped_and_resumed_misses_nothing(live: Stack) -> No
     stream = client.responses.create(
         model=MODEL, input="Tell me a long story", background=True, stream=True, extra_headers=LONG
     )
-    seen: list[dict[str, Any]] = []
-    for event in stream:
-        seen.append(event.model_dump(mode="json", exclude_unset=True))
-        if len(seen) == 6:
-            break
-    stream.close()  # the client goes away; the generation goes on
+    seen = first_events(stream, 6)  # the client goes away; the generation goes on
     key = seen[0]["response"]["id"]
     running = client.responses.retrieve(key)
     assert running.status == "in_progress"
@@ -438,23 +434,11 @@ def test_openai_agents_tool_loop_over_previous_response_id(live: Stack) -> None:
     import agents
     from openai import AsyncOpenAI
 
-    agents.set_tracing_disabled(True)
     calls: list[str] = []
-
-    @agents.function_tool
-    def get_weather(city: str) -> str:
-        """Current weather for a city."""
-        calls.append(city)
-        return f"It is sunny and 21 °C in {city}."
 
     async def run() -> tuple[Any, Any]:
         async with AsyncOpenAI(base_url=live.base_url, api_key="key-agents") as client:
-            agent = agents.Agent(
-                name="weather",
-                instructions="Use the tool to answer.",
-                tools=[get_weather],
-                model=agents.OpenAIResponsesModel(model=MODEL, openai_client=client),
-            )
+            agent = weather_agent(client, calls)
             first = await agents.Runner.run(
                 agent, "What's the weather in Paris?", auto_previous_response_id=True
             )

@@ -16,7 +16,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from tests.stateful_support import LONG, MODEL, TOOLS, dumped, until
+from tests.stateful_support import LONG, MODEL, TOOLS, dumped, first_events, until
 from tests.test_serve_cli import start
 from tests.wellformed import assert_well_formed
 
@@ -113,12 +113,7 @@ def test_two_processes_share_create_continue_resume_cancel(
     stream = a.responses.create(
         model=MODEL, input="A long story", background=True, stream=True, extra_headers=LONG
     )
-    seen: list[dict[str, Any]] = []
-    for event in stream:
-        seen.append(event.model_dump(mode="json", exclude_unset=True))
-        if len(seen) == 5:
-            break
-    stream.close()
+    seen = first_events(stream, 5)
     key = seen[0]["response"]["id"]
     assert b.responses.retrieve(key).status == "in_progress"  # live, seen from the other
     rest = dumped(b.responses.retrieve(key, stream=True, starting_after=4))

@@ -173,58 +173,55 @@ def routes(deps: RepairDeps, forward: Forward) -> list[Route]:
             return _Forwarded(forward) if pass_unknown else _error(_not_found(key))
         return loaded
 
-    async def retrieve(request: Request) -> Response:
-        found = await loaded_or_answer(request)
-        if not isinstance(found, Loaded):
-            return found
+    def on_stored(
+        handler: Callable[[Request, Loaded], Awaitable[Response]],
+    ) -> Callable[[Request], Awaitable[Response]]:
+        """An endpoint for the response of the path: found (else 404, 503 or forwarded), and
+        every `ProxyError` of the handler answered as OpenAI's JSON error."""
+
+        async def endpoint(request: Request) -> Response:
+            found = await loaded_or_answer(request)
+            if not isinstance(found, Loaded):
+                return found
+            try:
+                return await handler(request, found)
+            except ProxyError as error:
+                return _error(error)
+
+        return endpoint
+
+    async def retrieve(request: Request, found: Loaded) -> Response:
         query = request.query_params
-        try:
-            stream = _flag(query.get("stream"), "stream")
-            after = _integer(query.get("starting_after"), "starting_after", low=-1)
-        except ClientError as error:
-            return _error(error)
+        stream = _flag(query.get("stream"), "stream")
+        after = _integer(query.get("starting_after"), "starting_after", low=-1)
         if not stream:
             return JSONResponse(found.response)
         return _Follow(deps, scope_key(request), found.key, -1 if after is None else after)
 
-    async def delete(request: Request) -> Response:
-        found = await loaded_or_answer(request)
-        if not isinstance(found, Loaded):
-            return found
+    async def delete(request: Request, found: Loaded) -> Response:
         stateful = deps.stateful
         assert stateful is not None
         if deps.background is not None:
             deps.background.cancel(found.key)
         # A run elsewhere hears the cancel first; its last writes then go nowhere.
         ops: list[Op] = [Signal(found.key, CANCEL), Delete(found.key)]
-        try:
-            await stateful.guard(stateful.store.apply(ops))
-        except ProxyError as error:
-            return _error(error)
+        await stateful.guard(stateful.store.apply(ops))
         return JSONResponse({"id": found.key, "object": "response", "deleted": True})
 
-    async def input_items(request: Request) -> Response:
-        found = await loaded_or_answer(request)
-        if not isinstance(found, Loaded):
-            return found
+    async def input_items(request: Request, found: Loaded) -> Response:
         query = request.query_params
-        try:
-            limit = _integer(query.get("limit"), "limit", low=1, high=100) or 20
-            order = query.get("order") or "desc"
-            if order not in ("asc", "desc"):
-                raise ClientError(
-                    f"'order' is {order[:20]!r}: expected 'asc' or 'desc'", param="order"
-                )
-            items = await _context_items(deps, scope_key(request), found.record)
-        except ProxyError as error:
-            return _error(error)
+        limit = _integer(query.get("limit"), "limit", low=1, high=100) or 20
+        order = query.get("order") or "desc"
+        if order not in ("asc", "desc"):
+            raise ClientError(f"'order' is {order[:20]!r}: expected 'asc' or 'desc'", param="order")
+        items = await _context_items(deps, scope_key(request), found.record)
         if order == "desc":
             items.reverse()
         after = query.get("after")
         if after:
             ids = [item.get("id") for item in items]
             if after not in ids:
-                return _error(ClientError(f"No input item with id '{after[:100]}'.", param="after"))
+                raise ClientError(f"No input item with id '{after[:100]}'.", param="after")
             items = items[ids.index(after) + 1 :]
         page = items[:limit]
         return JSONResponse(
@@ -237,28 +234,20 @@ def routes(deps: RepairDeps, forward: Forward) -> list[Route]:
             }
         )
 
-    async def cancel(request: Request) -> Response:
-        found = await loaded_or_answer(request)
-        if not isinstance(found, Loaded):
-            return found
+    async def cancel(request: Request, found: Loaded) -> Response:
         stateful = deps.stateful
         assert stateful is not None
         if not found.record.background:
-            return _error(
-                ClientError(
-                    "Cannot cancel a synchronous response: only responses created with "
-                    "'background': true can be cancelled.",
-                    param="response_id",
-                )
+            raise ClientError(
+                "Cannot cancel a synchronous response: only responses created with "
+                "'background': true can be cancelled.",
+                param="response_id",
             )
         if found.response["status"] not in RUNNING:
             return JSONResponse(found.response)  # cancelling again, or too late: as it ended
-        try:
-            if deps.background is None or not deps.background.cancel(found.key):
-                await stateful.guard(stateful.store.apply([Signal(found.key, CANCEL)]))
-            ended = await _wait_end(deps, scope_key(request), found.key)
-        except ProxyError as error:
-            return _error(error)
+        if deps.background is None or not deps.background.cancel(found.key):
+            await stateful.guard(stateful.store.apply([Signal(found.key, CANCEL)]))
+        ended = await _wait_end(deps, scope_key(request), found.key)
         return JSONResponse(ended.response if ended is not None else found.response)
 
     async def input_tokens(request: Request) -> Response:
@@ -274,10 +263,10 @@ def routes(deps: RepairDeps, forward: Forward) -> list[Route]:
         return [counting]
     return [
         counting,
-        Route("/v1/responses/{response_id}", retrieve, methods=["GET"]),
-        Route("/v1/responses/{response_id}", delete, methods=["DELETE"]),
-        Route("/v1/responses/{response_id}/input_items", input_items, methods=["GET"]),
-        Route("/v1/responses/{response_id}/cancel", cancel, methods=["POST"]),
+        Route("/v1/responses/{response_id}", on_stored(retrieve), methods=["GET"]),
+        Route("/v1/responses/{response_id}", on_stored(delete), methods=["DELETE"]),
+        Route("/v1/responses/{response_id}/input_items", on_stored(input_items), methods=["GET"]),
+        Route("/v1/responses/{response_id}/cancel", on_stored(cancel), methods=["POST"]),
     ]
 
 
