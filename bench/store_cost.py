@@ -3,12 +3,14 @@
 stored response takes — with the store off, on the embedded SQLite store, and on Redis.
 
     .venv/bin/python bench/store_cost.py [--repeats 30] [--tokens 1000] [--concurrency 32]
-                                         [--streams 96]
+                                         [--streams 96] [--rounds 3]
 
 One proxy process per store (`python -m proxy serve --store-url …`) on core 0, fresh for the
 run; the simulator (2 ms per token, `stream_interval` 20), the load generator and redis-server on
 core 1. Latency requests go one at a time, round-robin over the stores (drift hits all alike);
-the cost run sends `--streams` streams `--concurrency` at a time to each store in turn.
+the cost runs send `--streams` streams `--concurrency` at a time to each store in turn, for
+`--rounds` rounds in rotated order; the table gives the median round (the machine is shared:
+single runs drift by tens of percent).
 
 - to created: request written → `response.created` read. The store is not on this path (the
   record is created by the writer task after the first events are sent).
@@ -52,6 +54,7 @@ class Samples:
     errors: int = 0
     cpu: float = 0.0
     tokens: int = 0
+    per_1k: list[float] = field(default_factory=list)
     responses: int = 0
     logical: float = 0.0
     physical: float = 0.0
@@ -119,9 +122,12 @@ async def cost_run(
         out.tokens += terminal["response"]["usage"]["output_tokens"]
         out.responses += 1
 
-    cpu0 = proxy.cpu_seconds()
+    cpu0, tokens0 = proxy.cpu_seconds(), out.tokens
     await asyncio.gather(*(client() for _ in range(streams)))
-    out.cpu += proxy.cpu_seconds() - cpu0
+    cpu = proxy.cpu_seconds() - cpu0
+    out.cpu += cpu
+    if out.tokens > tokens0:
+        out.per_1k.append(cpu / (out.tokens - tokens0) * 1000)
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -164,8 +170,11 @@ async def run(args: argparse.Namespace) -> None:
         for store in ("embedded", "redis"):
             baseline[store] = stored_size(store, folder, redis_port)
         payload = harness.request_bytes("/v1/responses", body, {"x-sim-tokens": str(args.tokens)})
-        for store in STORES:
-            await cost_run(proxies[store], payload, args.streams, args.concurrency, samples[store])
+        for number in range(args.rounds):
+            shift = number % len(STORES)
+            for store in STORES[shift:] + STORES[:shift]:
+                proxy = proxies[store]
+                await cost_run(proxy, payload, args.streams, args.concurrency, samples[store])
         await asyncio.sleep(0.5)
         for store in ("embedded", "redis"):
             count, logical, physical = stored_size(store, folder, redis_port)
@@ -200,7 +209,7 @@ def report(samples: dict[str, Samples], args: argparse.Namespace, pinned: bool) 
         f"simulator + generator + redis-server on core 1{'' if pinned else ' (not pinned)'}"
     )
     off = samples["off"]
-    off_cpu = off.cpu / off.tokens * 1000 if off.tokens else float("nan")
+    off_cpu = harness.median(off.per_1k)
     print()
     print(
         f"## latency, p50 ms ({args.repeats} sequential requests per store, "
@@ -223,13 +232,13 @@ def report(samples: dict[str, Samples], args: argparse.Namespace, pinned: bool) 
     print(harness.table(headers, rows))
     print()
     print(
-        f"## cost ({args.streams} streams, {args.concurrency} at a time, ~{args.tokens} tokens "
-        "each) and size per stored response"
+        f"## cost ({args.rounds} rounds of {args.streams} streams, {args.concurrency} at a time, "
+        f"~{args.tokens} tokens each; median round) and size per stored response"
     )
     rows = []
     for store in STORES:
         s = samples[store]
-        cpu = s.cpu / s.tokens * 1000 if s.tokens else float("nan")
+        cpu = harness.median(s.per_1k)
         size = "-" if store == "off" else f"{s.logical / 1024:.1f}"
         physical = "-" if store == "off" else f"{s.physical / 1024:.1f}"
         rows.append(
@@ -264,6 +273,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--streams", type=int, default=96)
+    parser.add_argument("--rounds", type=int, default=3)
     asyncio.run(run(parser.parse_args()))
 
 

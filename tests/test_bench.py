@@ -62,7 +62,7 @@ def test_store_cost_measures_every_store_without_errors() -> None:
         bench(
             "store_cost.py",
             *("--repeats", "2", "--short-tokens", "40", "--tokens", "60"),
-            *("--streams", "4", "--concurrency", "2"),
+            *("--streams", "4", "--concurrency", "2", "--rounds", "1"),
         )
     )
     for store in ("off", "embedded", "redis"):

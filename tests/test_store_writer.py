@@ -44,10 +44,16 @@ def create(key: str) -> Create:
     return Create(key, "s", b"{}", created=1.0, expires=2.0**40)
 
 
-def test_sources_scheduled_together_go_in_one_apply_and_flush_waits() -> None:
+@pytest.mark.parametrize(("window", "batches"), [(0.0, [2, 1, 5]), (0.05, [2, 6])])
+def test_sources_scheduled_together_go_in_one_apply_and_flush_waits(
+    window: float, batches: list[int]
+) -> None:
+    """Without a window, writes arriving while a batch is applied make the next batch; with
+    one, the writer gathers for it — unless a flush waits (then at once)."""
+
     async def scenario() -> None:
         store = Recording()
-        writer = StoreWriter(store, lambda error, count, dropped: None)
+        writer = StoreWriter(store, lambda error, count, dropped: None, window=window)
         writer.start()
         first, second = Pending(create("a")), Pending(create("b"))
         assert writer.schedule(first)
@@ -56,14 +62,13 @@ def test_sources_scheduled_together_go_in_one_apply_and_flush_waits() -> None:
         assert [len(batch) for batch in store.batches] == [2]
         assert first.taken == second.taken == 1
         assert await store.get("s", "a") is not None
-        # writes arriving while a batch is applied pile up into the next one
         third = Pending(Append("a", 1, b"x"))
         writer.schedule(third)
         await asyncio.sleep(0)
         for n in range(5):
             writer.schedule(Pending(Append("b", n, b"y")))
         await writer.flush(Pending())
-        assert [len(batch) for batch in store.batches] == [2, 1, 5]
+        assert [len(batch) for batch in store.batches] == batches
         await writer.aclose()
 
     asyncio.run(scenario())

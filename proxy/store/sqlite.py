@@ -238,7 +238,8 @@ class SqliteStore(Store):
             )
             if not cursor.rowcount:
                 return 0
-            db.execute("UPDATE entries SET size = size + ? WHERE key = ?", (len(op.data), op.key))
+            # The entry's row is not touched (its size counts the document only): one page
+            # less written to the WAL per append. `_delete` adds the log's bytes back.
             woken.add(op.key)
             return len(op.data)
         if isinstance(op, Signal):
@@ -271,6 +272,9 @@ class SqliteStore(Store):
         if row is None:
             return 0
         scope, aliases, size = row
+        (logged,) = db.execute(
+            "SELECT coalesce(sum(length(data)), 0) FROM log WHERE key = ?", (key,)
+        ).fetchone()
         db.execute("DELETE FROM entries WHERE key = ?", (key,))
         db.execute("DELETE FROM log WHERE key = ?", (key,))
         if aliases:
@@ -278,7 +282,7 @@ class SqliteStore(Store):
                 "DELETE FROM aliases WHERE scope = ? AND alias = ? AND key = ?",
                 [(scope, alias, key) for alias in aliases.split(_ALIAS_SEP)],
             )
-        return int(size)
+        return int(size) + int(logged)
 
     def _evict(self, db: sqlite3.Connection, woken: set[str]) -> int:
         if not self._max_bytes:
