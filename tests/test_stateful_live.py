@@ -231,7 +231,11 @@ def test_another_credential_gets_404_for_everything(live: Stack) -> None:
 def test_requests_without_credentials_share_one_scope(live: Stack) -> None:
     body = {"model": MODEL, "input": "Anyone"}
     created = httpx.post(f"{live.base_url}/responses", json=body, timeout=10).json()
-    assert httpx.get(f"{live.base_url}/responses/{created['id']}").status_code == 200
+    fetched = httpx.get(
+        f"{live.base_url}/responses/{created['id']}", headers={"x-request-id": "get-1"}
+    )
+    assert fetched.status_code == 200
+    assert fetched.headers["x-request-id"] == "get-1"
     with_key = httpx.get(
         f"{live.base_url}/responses/{created['id']}", headers={"Authorization": "Bearer k"}
     )

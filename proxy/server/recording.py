@@ -69,7 +69,8 @@ class Recorder:
         if events:
             self.add(events)
             self._final = replace(self.record, response=events[-1]["response"])
-        if not wait:
+        if not wait or not self._stateful.writer.healthy:
+            # Nobody to serve (or the store is failing: the stream's end is not held for it).
             self._stateful.writer.schedule(self)
             return
         settings = self._stateful.settings

@@ -147,7 +147,8 @@ class _Follow(Response):
         inbound = asgi.Inbound(receive)
         await inbound.body(0)  # a GET: reading its (empty) body frees the receive channel
         deps, scope_key, key, after = self._args
-        await follow(deps, scope_key, key, after, inbound, send, [])
+        headers = [(b"x-request-id", self.headers.get("x-request-id", "").encode())]
+        await follow(deps, scope_key, key, after, inbound, send, headers)
 
 
 def routes(deps: RepairDeps, forward: Forward) -> list[Route]:
@@ -188,7 +189,30 @@ def routes(deps: RepairDeps, forward: Forward) -> list[Route]:
             except ProxyError as error:
                 return _error(error)
 
-        return endpoint
+        return logged(endpoint)
+
+    def logged(
+        endpoint: Callable[[Request], Awaitable[Response]],
+    ) -> Callable[[Request], Awaitable[Response]]:
+        """One log line per call, as every route has, and the `X-Request-Id` header."""
+
+        async def with_log(request: Request) -> Response:
+            started = deps.monotonic()
+            request_id = asgi.request_id(request.scope)
+            response = await endpoint(request)
+            if not isinstance(response, _Forwarded):  # the pass-through logs its own
+                response.headers["x-request-id"] = request_id
+                deps.log(
+                    "request",
+                    request_id=request_id,
+                    route=request.scope["route"].path,
+                    method=request.method,
+                    status=response.status_code,
+                    duration_ms=round((deps.monotonic() - started) * 1000, 2),
+                )
+            return response
+
+        return with_log
 
     async def retrieve(request: Request, found: Loaded) -> Response:
         query = request.query_params
@@ -258,7 +282,7 @@ def routes(deps: RepairDeps, forward: Forward) -> list[Route]:
             return _error(error)
         return JSONResponse({"object": "response.input_tokens", "input_tokens": count})
 
-    counting = Route("/v1/responses/input_tokens", input_tokens, methods=["POST"])
+    counting = Route("/v1/responses/input_tokens", logged(input_tokens), methods=["POST"])
     if deps.stateful is None:  # store off: stored ids are upstream's business
         return [counting]
     return [

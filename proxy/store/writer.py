@@ -61,6 +61,9 @@ class StoreWriter:
         self._max_pending = max_pending
         self._window = window
         self._urgent = asyncio.Event()  # someone waits in flush(): no window
+        #: Whether the last batch was applied: while it is not, callers do not wait on the
+        #: store (a hung store would hold every stream's end for the full timeout).
+        self.healthy = True
         self._pending: dict[int, Source] = {}  # by id(): a source is pending once
         self._flushed: asyncio.Future[None] | None = None
         self._wake = asyncio.Event()
@@ -120,6 +123,7 @@ class StoreWriter:
                 error = exc
             except Exception as exc:  # a bug below us must not stop every later write
                 error = StoreError(f"{type(exc).__name__}: {exc}")
+            self.healthy = error is None
             if error is not None:
                 self._on_error(error, len(ops), False)
             if flushed is not None and not flushed.done():
