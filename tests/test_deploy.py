@@ -501,6 +501,7 @@ def test_alert_rules_cover_the_issue() -> None:
         "ResponsesRepairProxyNotReady": "proxy_ready",
         "ResponsesRepairProxyLatencyRegression": "proxy_time_to_first_content_seconds_bucket",
         "ResponsesRepairProxyOverheadHigh": "proxy_frame_overhead_seconds_bucket",
+        "ResponsesRepairProxyStoreErrors": "proxy_store_errors_total",
     }
     assert set(rules) == set(expected)
     for name, metric in expected.items():
