@@ -62,6 +62,8 @@ def test_create_retrieve_delete(live: Stack) -> None:
 
 
 def test_response_ids_carry_128_random_bits(live: Stack) -> None:
+    from proxy.harmony.response import random_id
+
     client = live.client()
     first = client.responses.create(model=MODEL, input="a", store=False).id
     second = client.responses.create(model=MODEL, input="b", store=False).id
@@ -70,6 +72,9 @@ def test_response_ids_carry_128_random_bits(live: Stack) -> None:
         assert len(key.removeprefix("resp_")) * 4 >= 128
         int(key.removeprefix("resp_"), 16)
     assert first != second
+    # every hex digit varies: no uuid version or variant bits fixed (a uuid4 has 122)
+    digits = [random_id("resp").removeprefix("resp_") for _ in range(200)]
+    assert all(len({d[i] for d in digits}) > 4 for i in range(32))
 
 
 def test_previous_response_id_errors_reach_no_upstream(live: Stack) -> None:
