@@ -43,15 +43,19 @@ class Stack:
     proxy: LiveServer
     app: Starlette
     store: Store | None
+    clients: list[OpenAI] = dataclasses.field(default_factory=list)
 
     @property
     def base_url(self) -> str:
         return self.proxy.url + "/v1"
 
     def client(self, key: str = "key-alice", **kwargs: Any) -> OpenAI:
-        return OpenAI(
+        """A strict SDK client, closed with the stack (its pooled sockets with it)."""
+        made = OpenAI(
             base_url=self.base_url, api_key=key, _strict_response_validation=True, **kwargs
         )
+        self.clients.append(made)
+        return made
 
     def completions(self) -> list[RequestRecord]:
         """What reached upstream's /v1/completions, oldest first."""
@@ -79,7 +83,12 @@ def stack(
         app = create_app(settings, encoding, store=store)
         with LiveServer(app) as proxy:
             assert wait_for(lambda: app.state.proxy.capability.token_ids, 10)
-            yield Stack(simulator, proxy, app, store)
+            running = Stack(simulator, proxy, app, store)
+            try:
+                yield running
+            finally:
+                for made in running.clients:
+                    made.close()
 
 
 def until(predicate: Callable[[], Any], timeout: float = 10.0) -> Any:

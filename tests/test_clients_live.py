@@ -43,11 +43,14 @@ def simulator_url(servers: tuple[str, str]) -> str:
 
 def test_sdk_stream_helper_long_answer_with_unicode(proxy_url: str) -> None:
     client = OpenAI(base_url=proxy_url, api_key="x", _strict_response_validation=True)
-    with client.responses.stream(
-        model=MODEL,
-        input="Tell me about 東京 and café culture ☕",
-        extra_headers={"X-Sim-Tokens": "600"},
-    ) as stream:
+    with (
+        client,
+        client.responses.stream(
+            model=MODEL,
+            input="Tell me about 東京 and café culture ☕",
+            extra_headers={"X-Sim-Tokens": "600"},
+        ) as stream,
+    ):
         deltas = [event.delta for event in stream if event.type == "response.output_text.delta"]
         final = stream.get_final_response()
     assert final.status == "completed"

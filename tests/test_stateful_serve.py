@@ -43,8 +43,21 @@ def stop(process: subprocess.Popen[bytes]) -> None:
     assert b"Traceback" not in err, err.decode()[-3000:]
 
 
+_clients: list[OpenAI] = []
+
+
 def client(url: str, key: str = "key-serve") -> OpenAI:
-    return OpenAI(base_url=url + "/v1", api_key=key, _strict_response_validation=True)
+    """A strict SDK client, closed after the test (`closing_clients`)."""
+    made = OpenAI(base_url=url + "/v1", api_key=key, _strict_response_validation=True)
+    _clients.append(made)
+    return made
+
+
+@pytest.fixture(autouse=True)
+def closing_clients() -> Iterator[None]:
+    yield
+    while _clients:
+        _clients.pop().close()
 
 
 def snapshot(sdk: OpenAI, key: str) -> dict[str, Any]:
