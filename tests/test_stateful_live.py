@@ -549,3 +549,40 @@ def test_store_off_refuses_what_needs_it_and_passes_ids_through(
         assert answer.status_code == 404
         assert "not found" in answer.text
         assert client.responses.input_tokens.count(input="x").input_tokens > 0
+
+
+# -- background runs that do not end by themselves ---------------------------------------------
+
+
+def test_background_refused_by_upstream_is_stored_failed(live: Stack) -> None:
+    client = live.client()
+    queued = client.responses.create(
+        model=MODEL, input="Refused", background=True, extra_headers={"X-Sim-Fault": "http:500"}
+    )
+    assert queued.status == "queued"
+    failed = until(lambda: (r := client.responses.retrieve(queued.id)).status == "failed" and r)
+    assert failed.error is not None
+    events = dumped(client.responses.retrieve(queued.id, stream=True))
+    assert assert_well_formed(events)["status"] == "failed"
+
+
+def test_background_runs_still_going_at_shutdown_end_failed(encoding: HarmonyEncoding) -> None:
+    import asyncio
+
+    from proxy.harmony.stored import StoredResponse, decode_events
+
+    store = MemoryStore()
+    with stack(encoding, store, drain_timeout=0.3) as short:
+        client = short.client()
+        queued = client.responses.create(
+            model=MODEL, input="Outlive me", background=True, extra_headers=LONG
+        )
+        until(lambda: client.responses.retrieve(queued.id).output)
+        scope = scope_of([(b"authorization", b"Bearer key-alice")], "authorization")
+    # the proxy stopped (its lifespan waited the drain period, then ended the run)
+    entry = asyncio.run(store.get(scope, queued.id))
+    assert entry is not None
+    assert StoredResponse.decode(entry.doc).status == "failed"
+    events = decode_events(asyncio.run(store.read_log(queued.id)))
+    assert assert_well_formed(events)["status"] == "failed"
+    assert events[-2]["code"] == "server_shutting_down"

@@ -25,6 +25,7 @@ core's `error` + `response.failed`. A client that goes away cancels the exchange
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -378,9 +379,7 @@ async def serve_repaired(
     scope_key = scope_of(scope["headers"], settings.store_scope_header)
     context: Context | None = None
 
-    async def render(merged: dict[str, Any]) -> PreparedRequest:
-        return prepare_request(merged, deps.encoding, prefixes=deps.prefixes)
-
+    render = functools.partial(render_body, deps)
     try:
         if stateful is not None:
             prepared, context = await stateful.prepare(body, scope_key, render)
@@ -470,6 +469,12 @@ async def serve_repaired(
             # Ended early (client gone, error before the first byte): so does its stored copy.
             await exchange.recorder.finish(exchange.settle(), wait=False)
     _finish(deps, exchange, outcome, stream_label, model, started, body)
+
+
+async def render_body(deps: RepairDeps, body: dict[str, Any]) -> PreparedRequest:
+    """The one place a request body becomes a prompt — a create, a `previous_response_id`
+    merge, an `input_tokens` count alike (issue 13: the same body, the same prompt ids)."""
+    return prepare_request(body, deps.encoding, prefixes=deps.prefixes)
 
 
 def _without_store(body: dict[str, Any]) -> None:

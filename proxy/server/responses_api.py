@@ -17,6 +17,7 @@ own store may hold it.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +28,7 @@ from starlette.types import Receive, Scope, Send
 
 from proxy import sse
 from proxy.errors import ClientError, ProxyError, StoreUnavailableError
-from proxy.harmony.request import PreparedRequest, parse_body, prepare_request
+from proxy.harmony.request import parse_body
 from proxy.harmony.request_fields import check_response_id
 from proxy.harmony.stored import RUNNING, TERMINAL_EVENTS, StoredResponse, decode_events
 from proxy.server import asgi
@@ -361,9 +362,9 @@ async def _count(deps: RepairDeps, scope_key: str, body: dict[str, Any]) -> int:
         create["input"] = []
     create["store"] = False  # counting stores nothing
 
-    async def render(merged: dict[str, Any]) -> PreparedRequest:
-        return prepare_request(merged, deps.encoding, prefixes=deps.prefixes)
+    from proxy.server.repair import render_body
 
+    render = functools.partial(render_body, deps)
     if deps.stateful is None:
         prepared = await render(create)
     else:
