@@ -23,9 +23,12 @@ import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from starlette.types import Send
+
 from proxy.errors import ProxyError
 from proxy.harmony.response import response_object
 from proxy.harmony.stored import StoredResponse
+from proxy.server import asgi
 from proxy.store import CANCEL, Create, StoreError
 
 if TYPE_CHECKING:
@@ -181,3 +184,23 @@ class Background:
 def _outcome_of(exchange: Exchange) -> str:
     status = exchange.core.record().status
     return status if status in ("completed", "incomplete", "failed", "cancelled") else "failed"
+
+
+async def answer_background(
+    deps: RepairDeps,
+    scope_key: str,
+    queued: dict[str, Any],
+    inbound: asgi.Inbound,
+    send: Send,
+    id_header: list[tuple[bytes, bytes]],
+    stream: bool,
+) -> None:
+    """A background create's answer: the queued response at once, or its events from the
+    store (a resume from the start: the client that drops it stops nothing)."""
+    if not stream:
+        await asgi.send_json(send, 200, queued, id_header)
+        return
+    from proxy.server.responses_api import follow
+
+    assert deps.stateful is not None
+    await follow(deps, scope_key, queued["id"], -1, inbound, send, id_header)

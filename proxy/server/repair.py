@@ -37,15 +37,15 @@ from starlette.types import Scope, Send
 from proxy import sse
 from proxy.config import Settings
 from proxy.errors import ClientError, ProxyError, UpstreamError
-from proxy.harmony.history import references
 from proxy.harmony.request import PreparedRequest, prepare_request
 from proxy.harmony.request_prefix import PrefixCache
 from proxy.harmony.response import IdFactory, ResponseContext
 from proxy.harmony.stream import ResponseStream
 from proxy.metrics import CLIENT_TIMEOUT, Metrics
 from proxy.server import asgi
+from proxy.server.background import answer_background
 from proxy.server.selfcheck import SelfCheck
-from proxy.server.stateful import Context, scope_of
+from proxy.server.stateful import Context, refuse_without_store, scope_of
 from proxy.upstream.client import Capability, Frames, Upstream
 from proxy.upstream.completions import FrameError
 
@@ -384,7 +384,7 @@ async def serve_repaired(
         if stateful is not None:
             prepared, context = await stateful.prepare(body, scope_key, render)
         else:
-            _without_store(body)
+            refuse_without_store(body)
             prepared = await render(body)
         if not state.capability.token_ids:
             raise UpstreamError(
@@ -428,7 +428,7 @@ async def serve_repaired(
         return
 
     if queued is not None:  # it runs in background.py, counted and logged there
-        await _background_answer(deps, scope_key, queued, inbound, send, id_header, stream)
+        await answer_background(deps, scope_key, queued, inbound, send, id_header, stream)
         return
     state.in_flight += 1
     metrics.in_flight.inc()
@@ -475,44 +475,6 @@ async def render_body(deps: RepairDeps, body: dict[str, Any]) -> PreparedRequest
     """The one place a request body becomes a prompt — a create, a `previous_response_id`
     merge, an `input_tokens` count alike (issue 13: the same body, the same prompt ids)."""
     return prepare_request(body, deps.encoding, prefixes=deps.prefixes)
-
-
-def _without_store(body: dict[str, Any]) -> None:
-    """`store_url = off`: what needs the store is a 400, never silently dropped."""
-    if body.get("background") is True:
-        raise ClientError(
-            "background responses need the response store, which is off on this proxy "
-            "(store_url = off)",
-            param="background",
-            code="unsupported_parameter",
-        )
-    for index, ref in references(body.get("input")):
-        raise ClientError(
-            f"Item with id '{ref[:100]}' cannot be looked up: the response store is off on "
-            "this proxy (store_url = off); send the item itself",
-            param=f"input[{index}].id",
-            code="unsupported_parameter",
-        )
-
-
-async def _background_answer(
-    deps: RepairDeps,
-    scope_key: str,
-    queued: dict[str, Any],
-    inbound: asgi.Inbound,
-    send: Send,
-    id_header: list[tuple[bytes, bytes]],
-    stream: bool,
-) -> None:
-    """A background create's answer: the queued response at once, or its events from the
-    store (a resume from the start: the client that drops it stops nothing)."""
-    if not stream:
-        await asgi.send_json(send, 200, queued, id_header)
-        return
-    from proxy.server.responses_api import follow
-
-    assert deps.stateful is not None
-    await follow(deps, scope_key, queued["id"], -1, inbound, send, id_header)
 
 
 def finish_exchange(

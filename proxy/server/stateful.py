@@ -73,6 +73,24 @@ def scope_of(headers: list[tuple[bytes, bytes]], header: str) -> str:
     return SHARED_SCOPE
 
 
+def refuse_without_store(body: dict[str, Any]) -> None:
+    """`store_url = off`: what needs the store is a 400, never silently dropped."""
+    if body.get("background") is True:
+        raise ClientError(
+            "background responses need the response store, which is off on this proxy "
+            "(store_url = off)",
+            param="background",
+            code="unsupported_parameter",
+        )
+    for index, ref in history.references(body.get("input")):
+        raise ClientError(
+            f"Item with id '{ref[:100]}' cannot be looked up: the response store is off on "
+            "this proxy (store_url = off); send the item itself",
+            param=f"input[{index}].id",
+            code="unsupported_parameter",
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class Context:
     """What a request continues and how it is stored (the echo is already applied)."""

@@ -29,59 +29,16 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from proxy.store.base import (
-    Append,
-    Create,
     Entry,
-    Lease,
     Op,
-    Signal,
     Stats,
     Store,
     StoreError,
-    Update,
-    entry_size,
 )
+from proxy.store.sqlite_writes import SCHEMA, Applied, apply_ops, sweep_expired
 from proxy.store.waiters import Waiters
 
 _T = TypeVar("_T")
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS entries (
-    key TEXT PRIMARY KEY,
-    scope TEXT NOT NULL,
-    doc BLOB NOT NULL,
-    created REAL NOT NULL,
-    expires REAL NOT NULL,
-    lease REAL NOT NULL DEFAULT 0,
-    signals TEXT NOT NULL DEFAULT '',
-    aliases TEXT NOT NULL DEFAULT '',
-    size INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS entries_created ON entries (created);
-CREATE INDEX IF NOT EXISTS entries_expires ON entries (expires);
-CREATE TABLE IF NOT EXISTS log (
-    key TEXT NOT NULL,
-    mark INTEGER NOT NULL,
-    data BLOB NOT NULL,
-    PRIMARY KEY (key, mark)
-);
-CREATE TABLE IF NOT EXISTS aliases (
-    scope TEXT NOT NULL,
-    alias TEXT NOT NULL,
-    key TEXT NOT NULL,
-    PRIMARY KEY (scope, alias)
-);
-CREATE TABLE IF NOT EXISTS signals (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    key TEXT NOT NULL,
-    name TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS totals (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
-INSERT OR IGNORE INTO totals VALUES ('bytes', 0);
-"""
-_ALIAS_SEP = "\n"  # ids never hold a newline
-#: Signal rows kept for pollers of other processes (each signal is wanted for seconds).
-_SIGNALS_KEPT = 10_000
 
 
 class SqliteStore(Store):
@@ -129,7 +86,7 @@ class SqliteStore(Store):
         db.execute("PRAGMA synchronous=NORMAL")
         try:
             # One transaction: processes starting together create the schema once.
-            db.executescript(f"BEGIN IMMEDIATE; {_SCHEMA} COMMIT;")
+            db.executescript(f"BEGIN IMMEDIATE; {SCHEMA} COMMIT;")
         except BaseException:
             if db.in_transaction:
                 db.execute("ROLLBACK")
@@ -155,153 +112,18 @@ class SqliteStore(Store):
     # -- writes ---------------------------------------------------------------------------------
 
     async def apply(self, ops: Sequence[Op]) -> int:
-        evicted, woken, signals = await self._run(self._apply, list(ops))
-        for key in woken:
+        applied = await self._run(self._apply, list(ops))
+        for key in applied.woken:
             self._waiters.wake(key)
-        if signals and self._signal_seq is not None:
-            self._signals.extend(signals)
+        if applied.signals and self._signal_seq is not None:
+            self._signals.extend(applied.signals)
             self._signalled.set()
-        return evicted
+        return applied.evicted
 
-    def _apply(self, ops: list[Op]) -> tuple[int, set[str], list[tuple[str, str]]]:
-        db = self._conn
-        woken: set[str] = set()
-        signals: list[tuple[str, str]] = []
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            grown = 0
-            for op in ops:
-                grown += self._one(db, op, woken, signals)
-            if grown:
-                db.execute("UPDATE totals SET value = value + ? WHERE name = 'bytes'", (grown,))
-            evicted = self._evict(db, woken)
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        return evicted, woken, signals
-
-    def _one(
-        self, db: sqlite3.Connection, op: Op, woken: set[str], signals: list[tuple[str, str]]
-    ) -> int:
-        """Apply one write; returns how many bytes it added (negative: freed)."""
-        if isinstance(op, Create):
-            freed = self._delete(db, op.key)
-            size = entry_size(op.doc, op.aliases)
-            db.execute(
-                "INSERT INTO entries (key, scope, doc, created, expires, lease, aliases, size)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    op.key,
-                    op.scope,
-                    op.doc,
-                    op.created,
-                    op.expires,
-                    op.lease,
-                    _ALIAS_SEP.join(op.aliases),
-                    size,
-                ),
-            )
-            db.executemany(
-                "INSERT OR REPLACE INTO aliases VALUES (?, ?, ?)",
-                [(op.scope, alias, op.key) for alias in op.aliases],
-            )
-            woken.add(op.key)
-            return size - freed
-        if isinstance(op, Update):
-            row = db.execute(
-                "SELECT length(doc), scope, aliases FROM entries WHERE key = ?", (op.key,)
-            ).fetchone()
-            if row is None:
-                return 0
-            old_size, scope, aliases = row
-            grow = len(op.doc) - int(old_size) + entry_size(b"", op.aliases)
-            if op.aliases:
-                aliases = _ALIAS_SEP.join(filter(None, [aliases, *op.aliases]))
-                db.executemany(
-                    "INSERT OR REPLACE INTO aliases VALUES (?, ?, ?)",
-                    [(scope, alias, op.key) for alias in op.aliases],
-                )
-            db.execute(
-                "UPDATE entries SET doc = ?, size = size + ?, lease = coalesce(?, lease),"
-                " aliases = ? WHERE key = ?",
-                (op.doc, grow, op.lease, aliases, op.key),
-            )
-            woken.add(op.key)
-            return grow
-        if isinstance(op, Append):
-            cursor = db.execute(
-                "INSERT OR IGNORE INTO log (key, mark, data) SELECT ?, ?, ?"
-                " WHERE EXISTS (SELECT 1 FROM entries WHERE key = ?)"
-                " AND ? > coalesce((SELECT max(mark) FROM log WHERE key = ?), -1)",
-                (op.key, op.mark, op.data, op.key, op.mark, op.key),
-            )
-            if not cursor.rowcount:
-                return 0
-            # The entry's row is not touched (its size counts the document only): one page
-            # less written to the WAL per append. `_delete` adds the log's bytes back.
-            woken.add(op.key)
-            return len(op.data)
-        if isinstance(op, Signal):
-            row = db.execute("SELECT signals FROM entries WHERE key = ?", (op.key,)).fetchone()
-            raised = set(row[0].split(",")) if row is not None and row[0] else set()
-            if row is None or op.name in raised:
-                return 0
-            db.execute(
-                "UPDATE entries SET signals = ? WHERE key = ?",
-                (",".join(sorted(raised | {op.name})), op.key),
-            )
-            cursor = db.execute("INSERT INTO signals (key, name) VALUES (?, ?)", (op.key, op.name))
-            if cursor.lastrowid is not None:
-                self._own_signals.add(cursor.lastrowid)
-            signals.append((op.key, op.name))
-            return 0
-        if isinstance(op, Lease):
-            db.execute("UPDATE entries SET lease = ? WHERE key = ?", (op.until, op.key))
-            return 0
-        freed = self._delete(db, op.key)
-        if freed:
-            woken.add(op.key)
-        return -freed
-
-    @staticmethod
-    def _delete(db: sqlite3.Connection, key: str) -> int:
-        row = db.execute(
-            "SELECT scope, aliases, size FROM entries WHERE key = ?", (key,)
-        ).fetchone()
-        if row is None:
-            return 0
-        scope, aliases, size = row
-        (logged,) = db.execute(
-            "SELECT coalesce(sum(length(data)), 0) FROM log WHERE key = ?", (key,)
-        ).fetchone()
-        db.execute("DELETE FROM entries WHERE key = ?", (key,))
-        db.execute("DELETE FROM log WHERE key = ?", (key,))
-        if aliases:
-            db.executemany(
-                "DELETE FROM aliases WHERE scope = ? AND alias = ? AND key = ?",
-                [(scope, alias, key) for alias in aliases.split(_ALIAS_SEP)],
-            )
-        return int(size) + int(logged)
-
-    def _evict(self, db: sqlite3.Connection, woken: set[str]) -> int:
-        if not self._max_bytes:
-            return 0
-        (total,) = db.execute("SELECT value FROM totals WHERE name = 'bytes'").fetchone()
-        evicted = 0
-        while total > self._max_bytes:
-            oldest = db.execute("SELECT key FROM entries ORDER BY created, key LIMIT 16").fetchall()
-            if not oldest:
-                break
-            for (key,) in oldest:
-                if total <= self._max_bytes:
-                    break
-                freed = self._delete(db, key)
-                total -= freed
-                evicted += 1
-                woken.add(key)
-        db.execute("UPDATE totals SET value = ? WHERE name = 'bytes'", (total,))
-        return evicted
+    def _apply(self, ops: list[Op]) -> Applied:
+        applied = apply_ops(self._conn, ops, self._max_bytes)
+        self._own_signals.update(applied.signal_rows)
+        return applied
 
     # -- reads ----------------------------------------------------------------------------------
 
@@ -415,31 +237,13 @@ class SqliteStore(Store):
     # -- housekeeping ---------------------------------------------------------------------------
 
     async def sweep(self, now: float) -> int:
-        gone, woken = await self._run(self._sweep, now)
-        for key in woken:
+        gone = await self._run(self._sweep, now)
+        for key in gone:
             self._waiters.wake(key)
-        return gone
+        return len(gone)
 
-    def _sweep(self, now: float) -> tuple[int, set[str]]:
-        db = self._conn
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            keys = [
-                str(key)
-                for (key,) in db.execute("SELECT key FROM entries WHERE expires <= ?", (now,))
-            ]
-            freed = sum(self._delete(db, key) for key in keys)
-            if freed:
-                db.execute("UPDATE totals SET value = value - ? WHERE name = 'bytes'", (freed,))
-            db.execute(
-                "DELETE FROM signals WHERE seq <= (SELECT max(seq) FROM signals) - ?",
-                (_SIGNALS_KEPT,),
-            )
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        return len(keys), set(keys)
+    def _sweep(self, now: float) -> set[str]:
+        return sweep_expired(self._conn, now)
 
     async def stats(self) -> Stats:
         return await self._run(self._stats)
