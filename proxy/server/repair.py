@@ -10,6 +10,11 @@ One `Exchange` per request. Its life:
                                                                         frame, until exactly one
                                                                         terminal event
 
+With the response store (issue 13), `previous_response_id` and `item_reference` are resolved
+and merged before rendering (stateful.py), every event batch goes to the exchange's `Recorder`
+on its way out (the terminal batch is stored before the client sees it), and `background: true`
+hands the exchange to background.py, which runs it with no client.
+
 `response.created`/`in_progress` go out as soon as upstream accepted the request, before its
 first token. After that every failure — upstream cut, `{"error": …}` frame, malformed frame,
 first-token or idle timeout, `[DONE]` without a finish, shutdown — ends the stream with the
@@ -21,11 +26,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from openai_harmony import HarmonyEncoding
 from starlette.types import Scope, Send
@@ -40,12 +46,19 @@ from proxy.harmony.response import IdFactory, ResponseContext
 from proxy.harmony.stream import ResponseStream
 from proxy.metrics import CLIENT_TIMEOUT, Metrics
 from proxy.server import asgi
+from proxy.server.background import answer_background
 from proxy.server.render import Renderer
 from proxy.server.selfcheck import SelfCheck
+from proxy.server.stateful import Context, refuse_without_store, scope_of
 from proxy.upstream.client import Capability, Frames, Upstream
 from proxy.upstream.completions import FrameError
 
 T = TypeVar("T")
+
+if TYPE_CHECKING:
+    from proxy.server.background import Background
+    from proxy.server.recording import Recorder
+    from proxy.server.stateful import Stateful
 
 _UNKNOWN = Capability(False, False, "upstream not probed yet")
 
@@ -92,6 +105,10 @@ class RepairDeps:
     reasoning_keys: ReasoningKeys
     clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
+    #: The response store's side of the shell (None: `store_url = off`) and the background
+    #: runs (issue 13).
+    stateful: Stateful | None = None
+    background: Background | None = None
 
 
 async def until_drained(state: ServerState, work: Awaitable[T]) -> T:
@@ -147,10 +164,13 @@ class Exchange:
     snapshot: dict[str, Any] | None = None
     #: The client has its whole answer (the terminal event, or the JSON body).
     delivered: bool = False
+    #: Where the events of a stored response go (issue 13); None: not stored.
+    recorder: Recorder | None = None
+    ctx: ResponseContext = field(init=False)
 
     def __post_init__(self) -> None:
         deps, prepared = self.deps, self.prepared
-        ctx = ResponseContext(
+        self.ctx = ctx = ResponseContext(
             response_id=deps.ids("resp"),
             created_at=float(int(deps.clock())),
             model=prepared.model,
@@ -162,6 +182,10 @@ class Exchange:
             seal=deps.reasoning_keys.seal if prepared.sealed_reasoning else None,
         )
         self.core = ResponseStream(deps.encoding, ctx, deps.ids)
+
+    @property
+    def response_id(self) -> str:
+        return self.ctx.response_id
 
     # -- the two answers: an event stream, or one JSON object --------------------------------
 
@@ -194,14 +218,18 @@ class Exchange:
         asyncio.get_running_loop().call_soon(self.core.warm_up)
         async with self._opened() as frames:
             self.phase = "before_first_token"
-            self.selfcheck.observe(self.core.start())
+            started = self.core.start()
+            self.selfcheck.observe(started)
+            await self._keep(started)
             try:
                 async for events in self._pump(frames, keepalive=False):
                     self.selfcheck.observe(events)
                     self._note(events)
+                    await self._keep(events)
             except _End as end:
                 self.selfcheck.observe(end.events)
                 self._note(end.events)
+                await self._keep(end.events)
                 message = end.events[-2]["message"]
                 status = 504 if self.error_code == "upstream_timeout" else 502
                 raise UpstreamError(message, status=status, code=self.error_code) from None
@@ -320,7 +348,26 @@ class Exchange:
             self.deps.metrics.upstream_errors.labels(kind).inc()
         raise _End(self.core.fail(code, message))
 
+    async def _keep(self, events: list[dict[str, Any]]) -> None:
+        """Hand a batch to the recorder: at once, or — the terminal batch — stored first."""
+        recorder = self.recorder
+        if recorder is None:
+            return
+        if self.core.ended:
+            await recorder.finish(events)
+        else:
+            recorder.add(events)
+
+    def settle(self) -> list[dict[str, Any]]:
+        """The exchange stopped early (client gone, error before its first byte, shutdown):
+        the events that end its stored copy — `cancelled` once it had started."""
+        if self.phase == "before_upstream" or self.core.ended:
+            return []
+        return self.core.cancel()
+
     async def _write(self, send: Send, events: list[dict[str, Any]]) -> None:
+        if self.recorder is not None:
+            await self._keep(events)
         await send(
             {"type": "http.response.body", "body": sse.encode_all(events), "more_body": True}
         )
@@ -383,9 +430,20 @@ async def serve_repaired(
     id_header = [(b"x-request-id", request_id.encode())]
     exchange: Exchange | None = None
     outcome = "client_error"
+    stateful = deps.stateful
+    scope_key = scope_of(scope["headers"], settings.store_scope_header)
+    context: Context | None = None
+
+    render = functools.partial(render_body, deps)
     try:
         try:
-            prepared = await until_drained(state, deps.renderer.prepare(body))
+            if stateful is not None:
+                prepared, context = await until_drained(
+                    state, stateful.prepare(body, scope_key, render)
+                )
+            else:
+                refuse_without_store(body)
+                prepared = await until_drained(state, render(body))
         finally:
             if on_prepared is not None:
                 on_prepared()
@@ -404,6 +462,12 @@ async def serve_repaired(
                 code="too_many_streams",
             )
         exchange = Exchange(deps, prepared, request_id, started, asgi.header_pairs(scope))
+        queued: dict[str, Any] | None = None
+        if context is not None and stateful is not None and prepared.store:
+            if context.background and deps.background is not None:
+                queued = await deps.background.launch(exchange, context, scope_key)
+            else:
+                exchange.recorder = stateful.recorder(exchange.response_id, scope_key, context)
     except ProxyError as error:
         if isinstance(error, UpstreamError):
             outcome = "upstream_error"
@@ -426,6 +490,9 @@ async def serve_repaired(
         )
         return
 
+    if queued is not None:  # it runs in background.py, counted and logged there
+        await answer_background(deps, scope_key, queued, inbound, send, id_header, stream)
+        return
     state.in_flight += 1
     metrics.in_flight.inc()
     disconnected = False
@@ -464,12 +531,29 @@ async def serve_repaired(
     finally:
         state.in_flight -= 1
         metrics.in_flight.dec()
+        if exchange.recorder is not None and not exchange.recorder.finished:
+            # Ended early (client gone, error before the first byte): so does its stored copy.
+            await exchange.recorder.finish(exchange.settle(), wait=False)
     _finish(deps, exchange, outcome, stream_label, model, started, body)
+
+
+async def render_body(deps: RepairDeps, body: dict[str, Any]) -> PreparedRequest:
+    """The one place a request body becomes a prompt — a create, a `previous_response_id`
+    merge, an `input_tokens` count alike (issue 13: the same body, the same prompt ids), off
+    the event loop when it is costly (the renderer, issue 12)."""
+    return await deps.renderer.prepare(body)
+
+
+def finish_exchange(
+    deps: RepairDeps, exchange: Exchange, outcome: str, stream_label: str, model: str, body: Any
+) -> None:
+    """Count and log an exchange that ran without a client of its own (background.py)."""
+    _finish(deps, exchange, outcome, stream_label, model, exchange.started, body)
 
 
 def _outcome(exchange: Exchange) -> str:
     status = exchange.core.record().status
-    return status if status in ("completed", "incomplete", "failed") else "failed"
+    return status if status in ("completed", "incomplete", "failed", "cancelled") else "failed"
 
 
 def _finish(
