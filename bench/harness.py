@@ -18,10 +18,12 @@ from __future__ import annotations
 import asyncio
 import os
 import resource
+import shutil
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -84,6 +86,8 @@ class Process:
     popen: subprocess.Popen[bytes]
     url: str
     port: int
+    #: A folder of its own, removed when it stops (the proxy's embedded response store).
+    scratch: Path | None = None
 
     @property
     def pid(self) -> int:
@@ -104,6 +108,8 @@ class Process:
         except subprocess.TimeoutExpired:
             self.popen.kill()
             self.popen.wait()
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 def _stat(pid: int) -> list[str]:
@@ -211,9 +217,15 @@ async def start_proxy(
     port = free_port()
     argv = ["-m", "proxy", "serve", "--upstream", upstream, "--host", "127.0.0.1"]
     argv += ["--port", str(port)]
+    scratch = None
+    if "data_dir" not in settings:  # the default (embedded) store, in a folder of its own
+        scratch = Path(tempfile.mkdtemp(prefix="bench-proxy-"))
+        settings = {**settings, "data_dir": str(scratch)}
     for key, value in settings.items():
         argv += ["--" + key.replace("_", "-"), value]
-    return await start_process("proxy", argv, port, core=core, ready_path="/readyz", cwd=root)
+    process = await start_process("proxy", argv, port, core=core, ready_path="/readyz", cwd=root)
+    process.scratch = scratch
+    return process
 
 
 async def start_relay(

@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from proxy.harmony.reasoning_seal import parse_keys
+from proxy.store import check_store_url
 
 ENV_PREFIX = "PROXY_"
 CONFIG_ENV = "PROXY_CONFIG"
@@ -89,6 +90,13 @@ def _globs(value: str) -> tuple[str, ...]:
 
 def _names(value: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in value.split(",") if part.strip())
+
+
+def _header_name(value: str) -> str:
+    name = value.strip().lower()
+    if not name or any(c.isspace() or c in ':()<>@,;\\"/[]?={}' for c in name):
+        raise ValueError("must be an HTTP header name such as authorization or x-api-key")
+    return name
 
 
 def _choice(*choices: str) -> Callable[[str], str]:
@@ -186,6 +194,22 @@ FIELDS: tuple[Field, ...] = (
           "newest first (it seals, all open: rotate by prepending); unset: one random key per "
           "process, so blobs do not survive a restart or cross replicas",
           secret=True),
+
+    Field("store_url", check_store_url, "embedded",
+          "where responses are stored (issue 13): embedded (SQLite in data_dir, shared by the "
+          "processes of one host), redis://HOST:PORT/DB (replicas), memory:// (tests), or off"),
+    Field("data_dir", str, "data",
+          "directory of the embedded store (a volume in the deploy files)"),
+    Field("store_ttl", _positive_float, 30 * 24 * 3600.0,
+          "seconds a stored response is kept (OpenAI keeps them 30 days)"),
+    Field("store_max_bytes", _non_negative_int, 1024**3,
+          "bytes the store may hold; past it the oldest responses are evicted (0: no bound)"),
+    Field("store_scope_header", _header_name, "authorization",
+          "request header whose value (hashed) scopes stored responses: a response is visible "
+          "only to requests with the same value (Authorization: its bearer token)"),
+    Field("store_timeout", _positive_float, 5.0,
+          "seconds a request waits for the store before answering 503 (a foreground stream "
+          "never waits longer than this for its last write, and never fails for it)"),
     Field("simulator_stream_interval", _positive_int, 20,
           "built-in simulator: tokens per engine output after the first (trtllm stream_interval)"),
     Field("simulator_token_seconds", _non_negative_float, 0.01,
@@ -226,6 +250,13 @@ class Settings:
     log_format: str = "json"
     log_content: bool = False
     reasoning_keys: tuple[tuple[str, bytes], ...] = dataclasses.field(default=(), repr=False)
+
+    store_url: str = "embedded"
+    data_dir: str = "data"
+    store_ttl: float = 30 * 24 * 3600.0
+    store_max_bytes: int = 1024**3
+    store_scope_header: str = "authorization"
+    store_timeout: float = 5.0
     simulator_stream_interval: int = 20
     simulator_token_seconds: float = 0.01
 

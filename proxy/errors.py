@@ -3,8 +3,9 @@
     ProxyError                      base; never raised itself
     ├── ClientError                 the request is wrong: 4xx, nothing sent upstream
     ├── UpstreamError               upstream failed before the client's stream started: 502/504/4xx
-    └── UnavailableError            the proxy cannot take the request now (draining, body
-                                    budget full): 503 + Retry-After
+    ├── UnavailableError            the proxy cannot take the request now (draining, body
+    │                               budget full): 503 + Retry-After
+    └── StoreUnavailableError       the response store cannot answer now: 503 (issue 13)
 
 Errors after a stream started are not exceptions but events (`error` + `response.failed`, built
 by the core), because the HTTP status has already been sent.
@@ -68,3 +69,13 @@ class UnavailableError(ProxyError):
 
     status = 503
     error_type = "server_error"
+
+
+class StoreUnavailableError(ProxyError):
+    """The response store did not answer (unreachable, failing, too slow): 503, retry later."""
+
+    status = 503
+    error_type = "server_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="store_unavailable")

@@ -24,6 +24,7 @@ OUTCOMES = (
     "upstream_error",
     "client_disconnect",
     "rejected",
+    "cancelled",
 )
 #: Where a client went away (`Exchange.phase`, the app's body read, pass-through).
 DISCONNECT_PHASES = ("before_upstream", "before_first_token", "streaming", "passthrough")
@@ -63,6 +64,9 @@ _TTFT = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
 _OVERHEAD = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.1)
 _DURATION = (0.01, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400)
 _TOKENS_PER_FRAME = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64, 128, 256)
+#: The response store's calls (proxy/store/measured.py) and what its writer drops.
+STORE_OPS = ("apply", "get", "read_log", "wait_log", "resolve", "signals", "sweep", "stats", "ping")
+STORE_EVICTIONS = ("size", "ttl")
 
 
 #: Observations a `HistogramBatch` holds before adding them (a few seconds of one stream).
@@ -250,6 +254,39 @@ class Metrics:
         )
         for path, outcome in RENDER_LABELS:
             self.renders.labels(path, outcome)
+
+        self.store_responses = Gauge(
+            "proxy_store_responses", "Responses in the response store", registry=r
+        )
+        self.store_bytes = Gauge(
+            "proxy_store_bytes",
+            "Bytes the response store holds (what store_max_bytes bounds)",
+            registry=r,
+        )
+        self.store_evictions = Counter(
+            "proxy_store_evictions",
+            "Stored responses removed: past store_max_bytes (oldest first) or store_ttl",
+            ["reason"],
+            registry=r,
+        )
+        self.store_seconds = Histogram(
+            "proxy_store_operation_seconds",
+            "Time of one response-store call, by operation (a batch of writes is one apply)",
+            ["op"],
+            buckets=_FAST,
+            registry=r,
+        )
+        self.store_errors = Counter(
+            "proxy_store_errors",
+            "Response-store calls that failed, by operation (a failed apply loses its writes)",
+            ["op"],
+            registry=r,
+        )
+        self.background = Gauge(
+            "proxy_background_responses",
+            "Background responses running in this process",
+            registry=r,
+        )
         build = Gauge("proxy_build_info", "Build information", ["version", "harmony"], registry=r)
         build.labels(__version__, harmony_version).set(1)
         # Export zeros for the fixed label sets, so that rates, ratios and alerts have series
@@ -266,6 +303,10 @@ class Metrics:
             self.upstream_errors.labels(kind)
         for status_class in ("2xx", "4xx", "5xx"):
             self.passthrough.labels(status_class)
+        for op in STORE_OPS:
+            self.store_errors.labels(op)
+        for reason in STORE_EVICTIONS:
+            self.store_evictions.labels(reason)
 
     def model_label(self, model: str) -> str:
         return model if model in self._models else "other"

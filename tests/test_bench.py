@@ -72,6 +72,19 @@ def test_capacity_measures_cpu_and_memory_without_errors() -> None:
     assert re.search(r"CPU per response = -?[0-9.]+ ms \+ -?[0-9.]+ µs × tokens", output), output
 
 
+def test_store_cost_measures_every_store_without_errors() -> None:
+    table = rows(
+        bench(
+            "store_cost.py",
+            *("--repeats", "2", "--short-tokens", "40", "--tokens", "60"),
+            *("--streams", "4", "--concurrency", "2", "--rounds", "1"),
+        )
+    )
+    for store in ("off", "embedded", "redis"):
+        assert table[store][-1] == "0", table  # no errors, in either table
+    assert float(table["embedded"][4]) > 0  # stored KB per response measured
+
+
 @pytest.mark.parametrize(
     ("script", "args", "expect"),
     [

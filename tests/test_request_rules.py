@@ -925,11 +925,15 @@ def test_echo_of_request_fields(encoding: HarmonyEncoding) -> None:
             "background",
             "'store': true",
         ),
-        ({"model": MODEL, "input": "x", "background": True}, "background", "response store"),
         (
             {"model": MODEL, "input": "x", "previous_response_id": "resp_1"},
             "previous_response_id",
-            "keeps no responses",
+            "store is off",
+        ),
+        (
+            {"model": MODEL, "input": "x", "previous_response_id": "msg_1"},
+            "previous_response_id",
+            "begins with 'resp_'",
         ),
         ({"model": MODEL, "input": "x", "conversation": "conv_1"}, "conversation", "'conv_1'"),
         ({"model": MODEL, "input": "x", "prompt": {"id": "pmpt_1"}}, "prompt", "templates"),

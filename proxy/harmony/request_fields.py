@@ -7,20 +7,23 @@ chat-completions parameter such as `seed`, `stop` or `frequency_penalty` — is 
 answers it (fixture d25). An explicit null means "unset", as on the OpenAI wire.
 
 No field is ignored silently (issue 14; README "Request fields" has the table): each is honoured
-(sampling, reasoning effort, instructions, tools, text format, tool_choice, include, truncation),
-honoured as OpenAI's spec defines it where that is all it asks (`service_tier`: the response
+(sampling, reasoning effort, instructions, tools, text format, tool_choice, include, truncation,
+`store`, `background` and `previous_response_id` through the response store of the shell, issue
+13), honoured as OpenAI's spec defines it where that is all it asks (`service_tier`: the response
 names the tier used; `max_tool_calls`: no built-in tool ever runs here), echoed where it only
 labels the response (`metadata`, `user`, `safety_identifier`, `prompt_cache_key`, …), or refused
 with a 400 naming it where honouring it is impossible and ignoring it would change what the client
-gets: `previous_response_id`, `conversation` and `background` (no response store yet), `prompt`
-(templates live on OpenAI's side), `moderation` (no moderation model here),
-`context_management` (no server-side compaction), `access_programs`, and values gpt-oss does not
-have (`reasoning.effort` other than low/medium/high, `reasoning.mode` other than standard,
-`text.verbosity` other than medium).
+gets: `conversation` (issue 16), `prompt` (templates live on OpenAI's side), `moderation` (no
+moderation model here), `context_management` (no server-side compaction), `access_programs`,
+`background` without `store`, and values gpt-oss does not have (`reasoning.effort` other than
+low/medium/high, `reasoning.mode` other than standard, `text.verbosity` other than medium). A
+`previous_response_id` still in the body here means the store is off: the shell resolves it
+from the store and renders the merged body without it.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -118,6 +121,8 @@ _SUMMARIES = ("auto", "concise", "detailed")
 _CONTEXTS = ("auto", "current_turn", "all_turns")
 _SERVICE_TIERS = ("auto", "default", "flex", "scale", "priority", "fast", "ultrafast")
 _MAX_TOKENS = 2**31 - 1
+#: The ids of stored responses: `resp_` and up to 96 letters or digits (ours are 32 hex digits).
+_RESPONSE_ID = re.compile(r"resp_[A-Za-z0-9]{1,96}")
 
 _T = TypeVar("_T")
 
@@ -151,6 +156,7 @@ class Fields:
     user: str | None
     thinking_token_budget: int | None
     include: tuple[str, ...] = ()
+    background: bool = False
 
 
 def read_fields(value: Any) -> Fields:
@@ -211,16 +217,28 @@ def read_fields(value: Any) -> Fields:
         user=_optional(body, "user", want_str),
         thinking_token_budget=_int(body, "thinking_token_budget", 0, _MAX_TOKENS),
         include=include,
+        background=_optional(body, "background", want_bool) or False,
     )
+
+
+def check_response_id(value: Any, path: str) -> str:
+    """A response id as the proxy makes them (`resp_` + letters and digits), else a 400 naming
+    `path` — before any store is asked (issue 13: malformed → 400, unknown → 404)."""
+    text = want_str(value, path)
+    if not _RESPONSE_ID.fullmatch(text):
+        fail(path, value, "expected an ID that begins with 'resp_'", code="invalid_value")
+    return text
 
 
 def _reject_unservable(body: dict[str, Any]) -> None:
     previous = present(body, "previous_response_id")
     if previous is not None:
+        check_response_id(previous, "previous_response_id")
         fail(
             "previous_response_id",
             previous,
-            "this proxy keeps no responses yet; send the whole conversation in 'input'",
+            "the response store is off on this proxy (store_url = off); send the whole "
+            "conversation in 'input'",
             code="unsupported_parameter",
         )
     conversation = present(body, "conversation")
@@ -243,14 +261,9 @@ def _reject_unservable(body: dict[str, Any]) -> None:
         if value is not None:
             fail(key, value, f"not supported: {reason}", code="unsupported_parameter")
     background = _optional(body, "background", want_bool)
-    if background:
-        store = _optional(body, "store", want_bool)
-        problem = (
-            "background responses require 'store': true"
-            if store is False
-            else "background responses need a response store, which this proxy does not keep yet"
-        )
-        fail("background", background, problem, code="unsupported_parameter")
+    if background and _optional(body, "store", want_bool) is False:
+        # OpenAI's rule: a background response lives in the store, or nowhere.
+        fail("background", background, "background responses require 'store': true")
 
 
 def _read_reasoning(value: Any) -> tuple[str | None, dict[str, Any] | None]:

@@ -25,7 +25,9 @@ Where upstream wrongly rejects or drops valid input, we render the equivalent sh
   one text content each (upstream asserts exactly one);
 - a call or output carrying `namespace` NS (a Codex namespace tool) uses `NS.NAME` instead of
   `functions.NAME`: the recipient the model wrote;
-- `item_reference` items are skipped until the proxy keeps a response store (a later issue);
+- `item_reference` items are replaced by the stored items they name before rendering (the
+  shell resolves them from the response store, issue 13, and answers 404 for an unknown id or
+  400 when the store is off); one that reaches the renderer is skipped;
 - a `reasoning` item with `encrypted_content` the proxy sealed (include
   `reasoning.encrypted_content`, issue 14) is opened and renders exactly as the plain item with
   those text parts; one that does not open (altered, foreign, old key) is a 400;
@@ -158,7 +160,7 @@ def _render_item(
         return Message(author=Author.new(Role.TOOL, calls[call_id]), content=contents)
     if kind == "reasoning":
         return _reasoning(item, path, keys)
-    _required_str(item, "id", path)  # item_reference: skipped until there is a response store
+    _required_str(item, "id", path)  # item_reference: resolved by the shell (module doc)
     return None
 
 

@@ -10,7 +10,7 @@ seen from upstream.
 from __future__ import annotations
 
 import itertools
-import uuid
+import secrets
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,8 +22,10 @@ Sealer = Callable[[Sequence[str]], str]
 
 
 def random_id(prefix: str) -> str:
-    """The production id factory: `<prefix>_<32 hex>`, like upstream's `random_uuid()` ids."""
-    return f"{prefix}_{uuid.uuid4().hex}"
+    """The production id factory: `<prefix>_<32 hex>`, the shape of upstream's `random_uuid()`
+    ids, with all 128 bits random (a uuid4 has 122): stored responses are found by id alone,
+    so an id must not be guessable (issue 13)."""
+    return f"{prefix}_{secrets.token_hex(16)}"
 
 
 class CountingIds:

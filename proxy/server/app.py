@@ -5,6 +5,8 @@ GET  /healthz        liveness: 200, or 503 once draining
 GET  /readyz         readiness: upstream reachable (its /health) and able to return token ids,
                      a render worker up (render.py), not draining
 GET  /metrics        Prometheus metrics of the proxy
+*    /v1/responses/…   the stored responses (responses_api.py, issue 13), on the store the
+                     lifespan opens from `store_url` (background runs: background.py)
 *    /upstream/metrics  upstream's own /metrics (JSON iteration stats), passed through
 *    anything else   passed through to upstream untouched (passthrough.py)
 """
@@ -13,11 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -39,11 +43,14 @@ from proxy.harmony.request_prefix import PrefixCache
 from proxy.harmony.response import IdFactory, random_id
 from proxy.logs import get_logger
 from proxy.metrics import Metrics
-from proxy.server import asgi, passthrough
+from proxy.server import asgi, passthrough, responses_api
+from proxy.server.background import Background
 from proxy.server.budget import BodyBudget, discard_body, read_body
 from proxy.server.render import InlineRenderer, Renderer, RenderPool
 from proxy.server.render_worker import RenderOptions
 from proxy.server.repair import RepairDeps, ServerState, serve_repaired
+from proxy.server.stateful import Stateful
+from proxy.store import OFF, Store, StoreError, open_store
 from proxy.upstream.client import Upstream
 
 #: Seconds between capability probes while upstream is not (yet) able to serve us.
@@ -83,11 +90,13 @@ def create_app(
     logger: logging.Logger | None = None,
     renderer: Renderer | None = None,
     reasoning_keys: ReasoningKeys | None = None,
+    store: Store | None = None,
 ) -> Starlette:
     """Build the proxy app. Every seam is a parameter: the upstream transport, the metrics
     registry, ids and clocks, the shared state (draining), the logger, the renderer (default:
     a `RenderPool` of `render_workers` processes, or inline when that is 0), the keys that seal
-    reasoning (default: `settings.reasoning_keys`, else one random key, with a warning)."""
+    reasoning (default: `settings.reasoning_keys`, else one random key, with a warning), the
+    response store (None: the lifespan opens the one `store_url` names)."""
     if settings.upstream_url is None:
         raise ValueError("create_app needs settings.upstream_url (serve starts the simulator)")
     registry = registry or CollectorRegistry()
@@ -122,6 +131,9 @@ def create_app(
         options = RenderOptions(reasoning_keys, settings.max_prompt_tokens)
         renderer = _renderer(settings, encoding, prefixes, options, metrics, log)
     budget = BodyBudget(settings.body_budget_bytes, settings.body_budget_wait)
+    stateful = None
+    if store is not None or settings.store_url != OFF:
+        stateful = Stateful(settings, metrics, ids=ids, clock=clock, logger=log_to)
     deps = RepairDeps(
         settings=settings,
         encoding=encoding,
@@ -136,7 +148,10 @@ def create_app(
         clock=clock,
         monotonic=monotonic,
         renderer=renderer,
+        stateful=stateful,
     )
+    background = Background(deps) if stateful is not None else None
+    deps = dataclasses.replace(deps, background=background)
 
     async def probe_forever() -> None:
         last = None
@@ -161,9 +176,28 @@ def create_app(
                 last = capability
             await asyncio.sleep(PROBE_PERIOD if capability.token_ids else PROBE_RETRY)
 
+    async def open_the_store() -> None:
+        if stateful is None:
+            return
+        opened = store
+        if opened is None:
+            try:
+                opened = await open_store(
+                    settings.store_url,
+                    data_dir=Path(settings.data_dir),
+                    max_bytes=settings.store_max_bytes,
+                    clock=clock,
+                )
+            except StoreError as exc:
+                raise RuntimeError(f"cannot open the response store: {exc}") from exc
+        assert opened is not None  # `off` made no Stateful
+        stateful.start(opened)
+        log_to.info("response store", extra={"backend": opened.kind})
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await renderer.start()
+        await open_the_store()
         probe = asyncio.create_task(probe_forever())
         try:
             yield
@@ -171,6 +205,10 @@ def create_app(
             probe.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await probe
+            if background is not None:
+                await background.aclose(settings.drain_timeout)
+            if stateful is not None:
+                await stateful.aclose()
             await renderer.aclose()
             await upstream.aclose()
 
@@ -324,9 +362,13 @@ def create_app(
     async def prometheus(request: Request) -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
+    async def forward_unknown(scope: Scope, receive: Receive, send: Send) -> None:
+        await _forward(scope, asgi.Inbound(receive), send, asgi.request_id(scope), monotonic())
+
     app = Starlette(
         routes=[
             Route("/v1/responses", _Raw(counted(responses)), methods=None),
+            *responses_api.routes(deps, forward_unknown),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", prometheus, methods=["GET"]),

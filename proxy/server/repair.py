@@ -10,6 +10,11 @@ One `Exchange` per request. Its life:
                                                                         frame, until exactly one
                                                                         terminal event
 
+With the response store (issue 13), `previous_response_id` and `item_reference` are resolved
+and merged before rendering (stateful.py), every event batch goes to the exchange's `Recorder`
+on its way out (the terminal batch is stored before the client sees it), and `background: true`
+hands the exchange to background.py, which runs it with no client.
+
 `response.created`/`in_progress` go out as soon as upstream accepted the request, before its
 first token. After that every failure — upstream cut, `{"error": …}` frame, malformed frame,
 first-token or idle timeout, `[DONE]` without a finish, shutdown — ends the stream with the
@@ -21,11 +26,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from openai_harmony import HarmonyEncoding
 from starlette.types import Scope, Send
@@ -41,13 +47,20 @@ from proxy.harmony.response import IdFactory, ResponseContext
 from proxy.harmony.stream import ResponseStream
 from proxy.metrics import CLIENT_TIMEOUT, HistogramBatch, Metrics
 from proxy.server import asgi
+from proxy.server.background import answer_background
 from proxy.server.deadline import Deadline
 from proxy.server.render import Renderer
 from proxy.server.selfcheck import SelfCheck
+from proxy.server.stateful import Context, refuse_without_store, scope_of
 from proxy.upstream.client import Capability, Frames, Upstream
 from proxy.upstream.completions import FrameError
 
 T = TypeVar("T")
+
+if TYPE_CHECKING:
+    from proxy.server.background import Background
+    from proxy.server.recording import Recorder
+    from proxy.server.stateful import Stateful
 
 _UNKNOWN = Capability(False, False, "upstream not probed yet")
 
@@ -96,6 +109,10 @@ class RepairDeps:
     tokens: TokenTable | None = None
     clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
+    #: The response store's side of the shell (None: `store_url = off`) and the background
+    #: runs (issue 13).
+    stateful: Stateful | None = None
+    background: Background | None = None
 
 
 async def until_drained(state: ServerState, work: Awaitable[T]) -> T:
@@ -148,23 +165,16 @@ class Exchange:
     error_code: str | None = None
     first_content: float | None = None
     snapshot: dict[str, Any] | None = None
-    #: `response.created` + `response.in_progress` and their bytes, once made (`_opening`).
-    opening: tuple[list[dict[str, Any]], bytes] | None = None
     #: The client has its whole answer (the terminal event, or the JSON body).
     delivered: bool = False
+    #: Where the events of a stored response go (issue 13); None: not stored.
+    recorder: Recorder | None = None
+    ctx: ResponseContext = field(init=False)
     _core: ResponseStream | None = field(default=None, init=False, repr=False)
 
-    @property
-    def core(self) -> ResponseStream:
-        """The repair core, made at first use: once the request is on its way upstream (in
-        `_opening`), so making it does not delay the request (issue 17)."""
-        if self._core is None:
-            self._core = self._make_core()
-        return self._core
-
-    def _make_core(self) -> ResponseStream:
+    def __post_init__(self) -> None:
         deps, prepared = self.deps, self.prepared
-        ctx = ResponseContext(
+        self.ctx = ResponseContext(
             response_id=deps.ids("resp"),
             created_at=float(int(deps.clock())),
             model=prepared.model,
@@ -175,19 +185,34 @@ class Exchange:
             clock=deps.clock,  # completed_at (issue 14)
             seal=deps.reasoning_keys.seal if prepared.sealed_reasoning else None,
         )
-        return ResponseStream(deps.encoding, ctx, deps.ids, table=deps.tokens)
+
+    @property
+    def core(self) -> ResponseStream:
+        """The repair core, made at first use (see `stream`)."""
+        return self._core or self._make_core()
+
+    def _make_core(self) -> ResponseStream:
+        """Make the core unless it exists: off the request's way to upstream (issue 17)."""
+        if self._core is None:
+            deps = self.deps
+            self._core = ResponseStream(deps.encoding, self.ctx, deps.ids, table=deps.tokens)
+        return self._core
+
+    @property
+    def response_id(self) -> str:
+        return self.ctx.response_id
 
     # -- the two answers: an event stream, or one JSON object --------------------------------
 
     async def stream(self, send: Send) -> None:
         headers = [*asgi.SSE_HEADERS, (b"x-request-id", self.request_id.encode())]
-        # `response.created` and `response.in_progress` are made and encoded while upstream
-        # reads the request: the callback runs when this task first waits for it (issue 17).
-        asyncio.get_running_loop().call_soon(self._opening)
+        # The core is made while upstream reads the request: the callback runs when this task
+        # first waits for upstream (issue 17). It is started only once upstream answered.
+        asyncio.get_running_loop().call_soon(self._make_core)
         async with self._opened() as frames:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             self.phase = "before_first_token"
-            await self._write(send, *self._opening())
+            await self._write(send, self.core.start())
             self.deps.metrics.first_event.observe(self.deps.monotonic() - self.started)
             try:
                 async for events in self._pump(frames, keepalive=True):
@@ -207,14 +232,18 @@ class Exchange:
         """`stream: false`: the same path, answered with the terminal snapshot as JSON."""
         async with self._opened() as frames:
             self.phase = "before_first_token"
-            self.selfcheck.observe(self.core.start())
+            started = self.core.start()
+            self.selfcheck.observe(started)
+            await self._keep(started)
             try:
                 async for events in self._pump(frames, keepalive=False):
                     self.selfcheck.observe(events)
                     self._note(events)
+                    await self._keep(events)
             except _End as end:
                 self.selfcheck.observe(end.events)
                 self._note(end.events)
+                await self._keep(end.events)
                 message = end.events[-2]["message"]
                 status = 504 if self.error_code == "upstream_timeout" else 502
                 raise UpstreamError(message, status=status, code=self.error_code) from None
@@ -334,20 +363,29 @@ class Exchange:
             self.deps.metrics.upstream_errors.labels(kind).inc()
         raise _End(self.core.fail(code, message))
 
-    def _opening(self) -> tuple[list[dict[str, Any]], bytes]:
-        """The core's opening events and their bytes, made once (see `stream`)."""
-        if self.opening is None:
-            events = self.core.start()
-            self.opening = (events, sse.encode_all(events))
-        return self.opening
+    async def _keep(self, events: list[dict[str, Any]]) -> None:
+        """Hand a batch to the recorder: at once, or — the terminal batch — stored first."""
+        recorder = self.recorder
+        if recorder is None:
+            return
+        if self.core.ended:
+            await recorder.finish(events)
+        else:
+            recorder.add(events)
 
-    async def _write(
-        self, send: Send, events: list[dict[str, Any]], body: bytes | None = None
-    ) -> None:
-        """Send the events (`body`: already encoded), then check and note them."""
-        if body is None:
-            body = sse.encode_all(events)
-        await send({"type": "http.response.body", "body": body, "more_body": True})
+    def settle(self) -> list[dict[str, Any]]:
+        """The exchange stopped early (client gone, error before its first byte, shutdown):
+        the events that end its stored copy — `cancelled` once it had started."""
+        if self.phase == "before_upstream" or self.core.ended:
+            return []
+        return self.core.cancel()
+
+    async def _write(self, send: Send, events: list[dict[str, Any]]) -> None:
+        if self.recorder is not None:
+            await self._keep(events)
+        await send(
+            {"type": "http.response.body", "body": sse.encode_all(events), "more_body": True}
+        )
         # The check follows what was written, after the bytes are on their way (latency).
         self.selfcheck.observe(events)
         self._note(events)
@@ -407,9 +445,20 @@ async def serve_repaired(
     id_header = [(b"x-request-id", request_id.encode())]
     exchange: Exchange | None = None
     outcome = "client_error"
+    stateful = deps.stateful
+    scope_key = scope_of(scope["headers"], settings.store_scope_header)
+    context: Context | None = None
+
+    render = functools.partial(render_body, deps)
     try:
         try:
-            prepared = await until_drained(state, deps.renderer.prepare(body))
+            if stateful is not None:
+                prepared, context = await until_drained(
+                    state, stateful.prepare(body, scope_key, render)
+                )
+            else:
+                refuse_without_store(body)
+                prepared = await until_drained(state, render(body))
         finally:
             if on_prepared is not None:
                 on_prepared()
@@ -428,6 +477,12 @@ async def serve_repaired(
                 code="too_many_streams",
             )
         exchange = Exchange(deps, prepared, request_id, started, asgi.header_pairs(scope))
+        queued: dict[str, Any] | None = None
+        if context is not None and stateful is not None and prepared.store:
+            if context.background and deps.background is not None:
+                queued = await deps.background.launch(exchange, context, scope_key)
+            else:
+                exchange.recorder = stateful.recorder(exchange.response_id, scope_key, context)
     except ProxyError as error:
         if isinstance(error, UpstreamError):
             outcome = "upstream_error"
@@ -450,6 +505,9 @@ async def serve_repaired(
         )
         return
 
+    if queued is not None:  # it runs in background.py, counted and logged there
+        await answer_background(deps, scope_key, queued, inbound, send, id_header, stream)
+        return
     state.in_flight += 1
     metrics.in_flight.inc()
     disconnected = False
@@ -488,12 +546,29 @@ async def serve_repaired(
     finally:
         state.in_flight -= 1
         metrics.in_flight.dec()
+        if exchange.recorder is not None and not exchange.recorder.finished:
+            # Ended early (client gone, error before the first byte): so does its stored copy.
+            await exchange.recorder.finish(exchange.settle(), wait=False)
     _finish(deps, exchange, outcome, stream_label, model, started, body)
+
+
+async def render_body(deps: RepairDeps, body: dict[str, Any]) -> PreparedRequest:
+    """The one place a request body becomes a prompt — a create, a `previous_response_id`
+    merge, an `input_tokens` count alike (issue 13: the same body, the same prompt ids), off
+    the event loop when it is costly (the renderer, issue 12)."""
+    return await deps.renderer.prepare(body)
+
+
+def finish_exchange(
+    deps: RepairDeps, exchange: Exchange, outcome: str, stream_label: str, model: str, body: Any
+) -> None:
+    """Count and log an exchange that ran without a client of its own (background.py)."""
+    _finish(deps, exchange, outcome, stream_label, model, exchange.started, body)
 
 
 def _outcome(exchange: Exchange) -> str:
     status = exchange.core.status
-    return status if status in ("completed", "incomplete", "failed") else "failed"
+    return status if status in ("completed", "incomplete", "failed", "cancelled") else "failed"
 
 
 def _finish(
