@@ -3,7 +3,7 @@ memory at 1, 64, 256 and 1,000 concurrent streams, and how its cost grows with r
 
     .venv/bin/python bench/capacity.py [--concurrency 1 64 256 1000] [--tokens 1000]
                                        [--lengths 100 300 1000 3000] [--repeats 3]
-                                       [--before DIR]
+                                       [--before DIR] [--setting NAME=VALUE ...]
 
 The proxy (`python -m proxy serve`, production settings: JSON request log at info level) runs
 alone on core 0; the simulator (2 ms per token, `stream_interval` 20: 20 tokens per frame) and
@@ -23,7 +23,9 @@ Targets: one core sustains ≥ 20,000 tokens/s at 20 tokens per frame, with unde
 stream; cost linear in response length (issue 7); CPU per generated token ≤ 8 µs at 20 tokens
 per frame with the recovery accounting on, as the proxy runs by default (issue 17), printed
 against every row. `--before DIR` runs the proxy of another checkout (e.g. `git worktree add DIR
-main`) in the same run, interleaved run by run, for a before/after in one table.
+main`) in the same run, interleaved run by run, for a before/after in one table. `--setting
+store_url=off` (any proxy setting, repeatable) runs both proxies with it: the response store of
+issue 13 (on by default) has its own cost, shown apart this way.
 """
 
 from __future__ import annotations
@@ -75,10 +77,15 @@ TARGET_US_PER_TOKEN = 8.0
 
 
 async def one_run(
-    sim_url: str, concurrency: int, tokens: int, streams: int, root: Path = harness.ROOT
+    sim_url: str,
+    concurrency: int,
+    tokens: int,
+    streams: int,
+    root: Path = harness.ROOT,
+    settings: dict[str, str] | None = None,
 ) -> Run:
     """`streams` requests of about `tokens` tokens, `concurrency` at a time, fresh proxy."""
-    proxy = await harness.start_proxy(sim_url, root=root)
+    proxy = await harness.start_proxy(sim_url, root=root, **(settings or {}))
     body = orjson.dumps({"model": harness.MODEL, "input": "Where is my order?", "stream": True})
     payload = harness.request_bytes("/v1/responses", body, {"x-sim-tokens": str(tokens)})
     run = Run(concurrency)
@@ -147,18 +154,23 @@ async def run_all(args: argparse.Namespace) -> None:
     )
     sim = await start_simulator(config, encoding, app=create_simulator_app(config, encoding))
     builds = {"now": harness.ROOT} | ({"before": Path(args.before)} if args.before else {})
+    settings = dict(args.setting)
     print(f"# bench/capacity.py — {harness.machine()}")
     print(
         "# simulator: 2 ms/token, first token 20 ms, stream_interval 20 (20 tokens per frame); "
         f"{args.repeats} runs per row, fresh proxy each; median / worst"
     )
+    if settings:
+        print(f"# proxy settings: {', '.join(f'{k}={v}' for k, v in settings.items())}")
 
     async def runs_of(concurrency: int, tokens: int, streams: int) -> dict[str, list[Run]]:
         """`--repeats` runs per build, interleaved (drift on the machine hits all alike)."""
         runs: dict[str, list[Run]] = {build: [] for build in builds}
         for _ in range(args.repeats):
             for build, root in builds.items():
-                runs[build].append(await one_run(sim.url, concurrency, tokens, streams, root))
+                runs[build].append(
+                    await one_run(sim.url, concurrency, tokens, streams, root, settings)
+                )
         return runs
 
     try:
@@ -304,6 +316,9 @@ def main() -> None:
     parser.add_argument("--length-concurrency", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--before", help="another checkout whose proxy to run alongside")
+    parser.add_argument(
+        "--setting", type=harness.settings_arg, action="append", default=[], metavar="NAME=VALUE"
+    )
     asyncio.run(run_all(parser.parse_args()))
 
 

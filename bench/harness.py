@@ -228,6 +228,14 @@ async def start_proxy(
     return process
 
 
+def settings_arg(text: str) -> tuple[str, str]:
+    """`NAME=VALUE` (a `--setting` of the benchmarks: a proxy setting, e.g. `store_url=off`)."""
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise ValueError(f"expected NAME=VALUE, got {text!r}")
+    return name.replace("-", "_"), value
+
+
 async def start_relay(
     upstream: str, *, core: int | None = PROXY_CORE, client: str = "httpx"
 ) -> Process:

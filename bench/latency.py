@@ -3,6 +3,7 @@ relay on the same stack (bench/byte_relay.py: on httpx, as the pass-through, and
 client of the repaired streams), and through the proxy's /v1/responses.
 
     .venv/bin/python bench/latency.py [--repeats 40] [--tokens 300] [--before DIR]
+                                      [--setting NAME=VALUE ...]
 
 The simulator is paced like a fast GPU (2 ms per token, `stream_interval` 20, 20 ms to the first
 token) and runs in this process on core 1 with the load generator; the relay and the proxy run
@@ -25,7 +26,8 @@ p50; both are printed against them. The relays are shown for scale (what any pro
 stack adds without doing anything per frame), no longer as a target. `--before DIR` adds a
 "proxy-before" path: the proxy of another checkout (e.g. `git worktree add DIR main`), measured
 in the same round robin, for a before/after in one run; a change by more than a tenth of the
-target counts as a regression (less is run-to-run noise on this machine).
+target counts as a regression (less is run-to-run noise on this machine). `--setting NAME=VALUE`
+(repeatable) runs both proxies with a setting, e.g. `store_url=off`.
 The first frame carries one token (`<|channel|>`), which has no text: on every path the first
 text arrives with the second frame, so "first content" is not a like-for-like comparison; the
 per-frame figures are.
@@ -122,8 +124,13 @@ async def run(args: argparse.Namespace) -> None:
     sim = await start_simulator(config, encoding, app=recorder)  # type: ignore[arg-type]
     relay = await harness.start_relay(sim.url)
     lean = await harness.start_relay(sim.url, client="lean")
-    proxy = await harness.start_proxy(sim.url)
-    before = await harness.start_proxy(sim.url, root=Path(args.before)) if args.before else None
+    settings = dict(args.setting)
+    proxy = await harness.start_proxy(sim.url, **settings)
+    before = (
+        await harness.start_proxy(sim.url, root=Path(args.before), **settings)
+        if args.before
+        else None
+    )
     paths = PATHS + ((BEFORE,) if before else ())
     body = {"model": harness.MODEL, "input": "Where is my order #W2378156?", "stream": True}
     completion = orjson.dumps(prepare_request(body, encoding).completion_body)
@@ -172,6 +179,8 @@ def report(samples: dict[str, Samples], args: argparse.Namespace, pinned: bool) 
         f"# simulator: 2 ms/token, first token 20 ms, stream_interval 20, ~{args.tokens} tokens; "
         f"{args.repeats} requests per path"
     )
+    if args.setting:
+        print(f"# proxy settings: {', '.join(f'{k}={v}' for k, v in args.setting)}")
 
     def added(values: list[float], reference: list[float]) -> float:
         return (harness.median(values) - harness.median(reference)) * ms
@@ -257,6 +266,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=40)
     parser.add_argument("--tokens", type=int, default=300)
     parser.add_argument("--before", help="another checkout whose proxy to measure alongside")
+    parser.add_argument(
+        "--setting", type=harness.settings_arg, action="append", default=[], metavar="NAME=VALUE"
+    )
     asyncio.run(run(parser.parse_args()))
 
 

@@ -63,6 +63,7 @@ def test_capacity_measures_cpu_and_memory_without_errors() -> None:
         "capacity.py",
         *("--concurrency", "4", "--min-streams", "4", "--tokens", "60"),
         *("--lengths", "60", "120", "--length-concurrency", "4", "--repeats", "1"),
+        *("--setting", "store_url=off"),
     )
     table = rows(output)
     assert table["4"][-1] == "0", table  # the 4-stream row: no errors
