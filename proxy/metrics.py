@@ -12,7 +12,9 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from proxy import __version__
-from proxy.harmony.record import RepairRecord
+from proxy.harmony.events import ITEM_EVENT_TYPES
+from proxy.harmony.items import CHANNELS
+from proxy.harmony.record import MALFORMED_KINDS, RepairRecord
 
 OUTCOMES = (
     "completed",
@@ -29,6 +31,28 @@ DISCONNECT_PHASES = ("before_upstream", "before_first_token", "streaming", "pass
 CLIENT_TIMEOUT = "client_send"
 #: Upstream timeouts: before its first token, between frames, before its response headers.
 TIMEOUT_KINDS = ("first_token", "idle", "first_byte", CLIENT_TIMEOUT)
+#: `proxy_upstream_errors_total{kind}`: the codes of `FrameError` and of `UpstreamError` before
+#: the first byte (proxy/upstream/), a timeout of either counted as `timeout`.
+UPSTREAM_ERROR_KINDS = (
+    "timeout",
+    "upstream_unreachable",
+    "upstream_error",
+    "upstream_bad_response",
+    "upstream_disconnected",
+    "upstream_incomplete",
+    "malformed_frame",
+    "missing_token_ids",
+)
+#: `proxy_http_limits_total{kind}`: what the client-side HTTP limits stopped (server/guard.py).
+HTTP_LIMIT_KINDS = (
+    "head_too_large",
+    "too_many_headers",
+    "head_timeout",
+    "body_timeout",
+    "idle_shed",
+    "connection_refused",
+    "pipeline_full",
+)
 
 _FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 _TTFT = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -167,22 +191,45 @@ class Metrics:
             "1 when upstream's /v1/completions returns token ids (startup probe)",
             registry=r,
         )
+        self.http_limits = Counter(
+            "proxy_http_limits",
+            "Client connections or requests stopped by an HTTP server limit, by kind",
+            ["kind"],
+            registry=r,
+        )
+        self.client_connections = Gauge(
+            "proxy_client_connections", "Open client connections", registry=r
+        )
         self.ready = Gauge("proxy_ready", "1 when /readyz answers 200", registry=r)
         self.draining = Gauge("proxy_draining", "1 after SIGTERM", registry=r)
         build = Gauge("proxy_build_info", "Build information", ["version", "harmony"], registry=r)
         build.labels(__version__, harmony_version).set(1)
         # Export zeros for the fixed label sets, so that rates, ratios and alerts have series
         # from the first scrape instead of "no data" until the first event of each kind
-        # (unlabelled metrics export their 0 by themselves).
-        for stream in ("true", "false"):
-            for outcome in OUTCOMES:
-                self.requests.labels("responses", stream, outcome, "other")
+        # (unlabelled metrics export their 0 by themselves; issue 12, item 8). Each set is the
+        # code's own: the core's malformed kinds, event types and channels, the error codes.
+        for model in ("other", *sorted(self._models)):
+            for stream in ("true", "false"):
+                for outcome in OUTCOMES:
+                    self.requests.labels("responses", stream, outcome, model)
         for phase in DISCONNECT_PHASES:
             self.disconnects.labels(phase)
         for kind in TIMEOUT_KINDS:
             self.timeouts.labels(kind)
         for status_class in ("2xx", "4xx", "5xx"):
             self.passthrough.labels(status_class)
+        for kind in UPSTREAM_ERROR_KINDS:
+            self.upstream_errors.labels(kind)
+        for kind in MALFORMED_KINDS:
+            self.malformed.labels(kind)
+        for kind in HTTP_LIMIT_KINDS:
+            self.http_limits.labels(kind)
+        for event_type in ITEM_EVENT_TYPES:
+            self.recovered_events.labels(event_type)
+        for channel in CHANNELS:
+            self.tokens.labels(channel)
+            self.recovered_chars.labels(channel)
+            self.recovered_tokens.labels(channel)
 
     def model_label(self, model: str) -> str:
         return model if model in self._models else "other"

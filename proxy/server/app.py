@@ -22,6 +22,7 @@ import httpx
 from openai_harmony import HarmonyEncoding
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
@@ -35,6 +36,7 @@ from proxy.harmony.response import IdFactory, random_id
 from proxy.logs import get_logger
 from proxy.metrics import Metrics
 from proxy.server import asgi, passthrough
+from proxy.server.forwarding import ForwardingMiddleware
 from proxy.server.repair import RepairDeps, ServerState, serve_repaired
 from proxy.upstream.client import Upstream
 
@@ -251,6 +253,8 @@ def create_app(
             Route("/metrics", prometheus, methods=["GET"]),
             Mount("/", everything_else),
         ],
+        # Forwarding headers set from the connection, never the client's (issue 12).
+        middleware=[Middleware(ForwardingMiddleware, trusted_proxies=settings.trusted_proxies)],
         lifespan=lifespan,
     )
     app.state.proxy = state

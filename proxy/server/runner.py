@@ -28,6 +28,7 @@ from starlette.routing import Route
 
 from proxy.config import Settings
 from proxy.server.app import create_app
+from proxy.server.guard import http_guard
 from proxy.server.repair import ServerState
 
 #: Extra seconds uvicorn waits after the drain period for streams to write their last events.
@@ -113,6 +114,8 @@ async def serve(settings: Settings, encoding: HarmonyEncoding, logger: logging.L
     state = ServerState()
     registry = CollectorRegistry()
     app = create_app(settings, encoding, state=state, registry=registry, logger=logger)
+    # Client-side HTTP limits and forwarding (issue 12): guard.py, forwarding.py.
+    guard = http_guard(settings, app.state.metrics, logger)
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -122,6 +125,7 @@ async def serve(settings: Settings, encoding: HarmonyEncoding, logger: logging.L
         lifespan="on",
         timeout_graceful_shutdown=int(settings.drain_timeout + _DRAIN_GRACE),
         server_header=False,
+        **guard.uvicorn_options(),
     )
     server = DrainingServer(config, state, settings.drain_timeout)
     side = None
