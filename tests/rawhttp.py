@@ -65,6 +65,8 @@ def parse(data: bytes, methods: Sequence[str]) -> list[Answer]:
     answers: list[Answer] = []
     rest = data
     for method in methods:
+        if not rest:  # (h11 reads an empty feed as the end of the connection)
+            break
         conn = h11.Connection(h11.CLIENT)
         conn.send(h11.Request(method=method, target="/", headers=[("host", "x")]))
         conn.send(h11.EndOfMessage())
