@@ -30,6 +30,7 @@ _NEEDS_QUOTES = re.compile(r'[\x00-\x20\x7f-\x9f\u2028\u2029"\\=]')
 _ESCAPED = re.compile(r'[\x00-\x1f\x7f-\x9f\u2028\u2029"\\]')
 _BREAKING = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029]")  # all but \n
+_JSON_BREAKS = (("\x85", "\\u0085"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029"))
 _SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t", '"': '\\"', "\\": "\\\\"}
 
 
@@ -68,7 +69,13 @@ class JsonFormatter(logging.Formatter):
                 line[key] = capped(value) if isinstance(value, str) else value
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)
-        return orjson.dumps(line, default=str).decode()
+        text = orjson.dumps(line, default=str).decode()
+        if not text.isascii():
+            # orjson leaves these raw (valid JSON), but readers that split lines on them would
+            # see a record end inside a client's string: escaped, they stay one line anywhere.
+            for char, escaped in _JSON_BREAKS:
+                text = text.replace(char, escaped)
+        return text
 
 
 class TextFormatter(logging.Formatter):

@@ -96,15 +96,26 @@ def parse(data: bytes, methods: Sequence[str]) -> list[Answer]:
 def exchange(
     port: int, data: bytes, methods: Sequence[str] = ("GET",), *, timeout: float = 10.0
 ) -> Read:
-    """Write `data` on a new connection and read until the server closes it or `timeout`."""
+    """Write `data` on a new connection and read until every answer is in (and, if the last
+    says `connection: close`, until the server closes), the server closes, or `timeout`."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
         sock.sendall(data)
-        read = read_all(sock, timeout)
+        read = read_all(sock, timeout, methods)
     read.answers = parse(read.data, methods)
     return read
 
 
-def read_all(sock: socket.socket, timeout: float) -> Read:
+def _answered(data: bytes, methods: Sequence[str]) -> bool:
+    answers = parse(data, methods)
+    return (
+        len(answers) == len(methods)
+        and all(a.complete for a in answers)
+        and answers[-1].headers.get("connection") != "close"
+    )
+
+
+def read_all(sock: socket.socket, timeout: float, methods: Sequence[str] = ()) -> Read:
+    """Read until the server closes, `timeout`, or (given `methods`) every answer is in."""
     deadline = time.monotonic() + timeout
     data = b""
     while True:
@@ -118,6 +129,8 @@ def read_all(sock: socket.socket, timeout: float) -> Read:
         if not chunk:
             return Read(data, closed=True)
         data += chunk
+        if methods and _answered(data, methods):
+            return Read(data, closed=False)
 
 
 async def read_async(reader: asyncio.StreamReader, timeout: float) -> Read:

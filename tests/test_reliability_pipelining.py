@@ -21,7 +21,7 @@ from openai_harmony import HarmonyEncoding
 
 from tests.harmony import ids_of
 from tests.live import LiveServer
-from tests.rawhttp import exchange, parse, port_of, read_all, request
+from tests.rawhttp import exchange, port_of, read_all, request
 from tests.reliability import Proxy, body, running_proxy, wait_until
 from tests.upstream_double import UpstreamDouble, script_for
 from tests.wellformed import assert_well_formed
@@ -65,44 +65,40 @@ def test_pipelined_requests_are_all_answered_in_order(
     assert not proxy.logs.problems()
 
 
+def _gone(proxy: Proxy) -> float:
+    return sum(
+        proxy.metric("proxy_client_disconnects_total", phase=phase)
+        for phase in ("before_first_token", "streaming")
+    )
+
+
+@pytest.mark.parametrize("ending", ["close", "half-close"])
 def test_a_client_gone_with_a_request_queued_stops_the_running_stream(
-    setup: tuple[UpstreamDouble, Proxy], encoding: HarmonyEncoding
+    setup: tuple[UpstreamDouble, Proxy], encoding: HarmonyEncoding, ending: str
 ) -> None:
     double, proxy = setup
-    for ending in ("close", "half-close"):
-        double.queue = [slow_script(encoding)]
-        before = len(double.completions())
-        gone = sum(
-            proxy.metric("proxy_client_disconnects_total", phase=phase)
-            for phase in ("before_first_token", "streaming")
-        )
-        sock = socket.create_connection(("127.0.0.1", port_of(proxy.url)), timeout=5)
-        sock.sendall(STREAM + HEALTHZ)
-        data = b""
-        while b"response.created" not in data:
-            data += sock.recv(65536)
-        if ending == "half-close":
-            sock.shutdown(socket.SHUT_WR)  # uvicorn's and nginx's reading: the client left
-            read_all(sock, 5)
-        sock.close()
-        assert wait_until(lambda: len(double.completions()) > before, 5)
-        upstream = double.completions()[-1]
-        # The upstream request is released at once, long before its ~2 s of frames.
-        assert wait_until(lambda: upstream.ended is not None, 5), ending
-        assert upstream.disconnected, ending
-        assert upstream.ended is not None and upstream.ended - upstream.started < 1.5
-        assert wait_until(
-            lambda: (
-                sum(
-                    proxy.metric("proxy_client_disconnects_total", phase=phase)
-                    for phase in ("before_first_token", "streaming")
-                )
-                == gone + 1
-            ),
-            5,
-        )
-        assert wait_until(lambda: proxy.in_flight() == 0, 5)
-        assert not proxy.logs.problems(), proxy.logs.problems()
+    double.queue = [slow_script(encoding)]
+    before = len(double.completions())
+    gone = _gone(proxy)
+    sock = socket.create_connection(("127.0.0.1", port_of(proxy.url)), timeout=5)
+    sock.sendall(STREAM + HEALTHZ)
+    data = b""
+    while b"response.created" not in data:
+        data += sock.recv(65536)
+    if ending == "half-close":
+        sock.shutdown(socket.SHUT_WR)  # uvicorn's and nginx's reading: the client left
+        read_all(sock, 5)
+    sock.close()
+    assert wait_until(lambda: len(double.completions()) > before, 5)
+    upstream = double.completions()[-1]
+    # The upstream request is released at once, long before its ~2 s of frames.
+    assert wait_until(lambda: upstream.ended is not None, 5)
+    assert upstream.disconnected
+    assert upstream.ended is not None
+    assert upstream.ended - upstream.started < 1.5
+    assert wait_until(lambda: _gone(proxy) == gone + 1, 5)
+    assert wait_until(lambda: proxy.in_flight() == 0, 5)
+    assert not proxy.logs.problems(), proxy.logs.problems()
 
 
 def test_a_pipeline_deeper_than_the_limit_is_answered_then_closed(
