@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,7 @@ Sample = tuple[str, dict[str, str]]
 
 
 @pytest.fixture(scope="module")
-def fresh(encoding: HarmonyEncoding) -> Iterator[list[Sample]]:
+def fresh(encoding: HarmonyEncoding) -> list[Sample]:
     """The samples of a just-started proxy's /metrics: nothing served yet."""
     double = UpstreamDouble()
     with LiveServer(double) as upstream:
@@ -45,7 +44,7 @@ def fresh(encoding: HarmonyEncoding) -> Iterator[list[Sample]]:
         app = create_app(settings, encoding, registry=CollectorRegistry())
         with LiveServer(app) as proxy:
             text = httpx.get(proxy.url + "/metrics", timeout=5).text
-    yield [
+    return [
         (sample.name, dict(sample.labels))
         for family in text_string_to_metric_families(text)
         for sample in family.samples
