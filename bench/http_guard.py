@@ -100,7 +100,9 @@ async def stream(port: int, frames: int) -> float:
     started = time.perf_counter()
     writer.write(b"GET /stream?%d HTTP/1.1\r\nhost: x\r\n\r\n" % frames)
     await _head(reader)
-    await reader.readuntil(b"\r\n0\r\n\r\n")
+    tail = b""
+    while not tail.endswith(b"\r\n0\r\n\r\n"):
+        tail = (tail + await reader.read(65536))[-16:]
     elapsed = time.perf_counter() - started
     writer.close()
     return elapsed / frames * 1e6

@@ -104,8 +104,11 @@ def test_oversized_heads_get_431_and_nothing_reaches_upstream(
     target: str,
 ) -> None:
     double = upstream[0]
-    kind = "too_many_headers" if "headers" in name else "head_too_large"
-    before = limit_count(defaults, kind)
+    # 20,000 header lines are also 240 KB: the size bound may trip before the count.
+    kinds = {"101 headers": ("too_many_headers",)}.get(name, ("head_too_large",))
+    if name == "20,000 headers":
+        kinds = ("too_many_headers", "head_too_large")
+    before = sum(limit_count(defaults, kind) for kind in kinds)
     for method, payload in (("GET", b""), ("POST", orjson.dumps(body()))):
         query = target.partition("?")[2]
         path = target if method == "GET" else "/v1/responses" + ("?" + query if query else "")
@@ -115,7 +118,7 @@ def test_oversized_heads_get_431_and_nothing_reaches_upstream(
         assert_error(answer, 431, "request_header_fields_too_large")
         assert not any(seen.path == target.split("?")[0] for seen in double.seen), name
         assert len(double.completions()) == completions
-    assert limit_count(defaults, kind) == before + 2
+    assert sum(limit_count(defaults, kind) for kind in kinds) == before + 2
     assert not defaults.logs.problems()
 
 
