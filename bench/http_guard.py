@@ -13,7 +13,8 @@ on uvloop. The load generator (core 1) alternates them every round and measures:
   (the response direction, which the guard leaves to uvicorn: it must not move);
 - upload: a 16 MiB body written in 64 KiB pieces (per received chunk: the body accounting).
 
-Medians over the rounds.
+Wall times are medians over the rounds; the server's CPU per request, frame and MiB comes
+from /proc over all rounds (steadier than wall times on a shared machine).
 """
 
 from __future__ import annotations
@@ -136,16 +137,25 @@ async def run(args: argparse.Namespace) -> None:
     results: dict[str, dict[str, list[float]]] = {
         kind: {"requests": [], "stream": [], "upload": []} for kind in KINDS
     }
+    #: The server's own CPU seconds per phase, summed over the rounds (10 ms /proc ticks).
+    cpu: dict[str, dict[str, float]] = {
+        kind: {"requests": 0.0, "stream": 0.0, "upload": 0.0} for kind in KINDS
+    }
     try:
         for kind in KINDS:  # warm up
             await requests(servers[kind].port, 50)
         for number in range(args.rounds):
             order = KINDS if number % 2 == 0 else KINDS[::-1]
             for kind in order:
-                port = servers[kind].port
-                results[kind]["requests"].append(await requests(port, args.requests))
-                results[kind]["stream"].append(await stream(port, args.frames))
-                results[kind]["upload"].append(await upload(port))
+                server = servers[kind]
+                for phase, measure in (
+                    ("requests", requests(server.port, args.requests)),
+                    ("stream", stream(server.port, args.frames)),
+                    ("upload", upload(server.port)),
+                ):
+                    before = server.cpu_seconds()
+                    results[kind][phase].append(await measure)
+                    cpu[kind][phase] += server.cpu_seconds() - before
     finally:
         for process in servers.values():
             process.stop()
@@ -156,16 +166,27 @@ async def run(args: argparse.Namespace) -> None:
     )
     rows = []
     for kind in KINDS:
-        measured = results[kind]
+        measured, used = results[kind], cpu[kind]
         rows.append(
             [
                 kind,
                 f"{statistics.median(measured['requests']):.1f}",
+                f"{used['requests'] / (args.requests * args.rounds) * 1e6:.1f}",
                 f"{statistics.median(measured['stream']):.2f}",
+                f"{used['stream'] / (args.frames * args.rounds) * 1e6:.2f}",
                 f"{statistics.median(measured['upload']):.0f}",
+                f"{used['upload'] / (UPLOAD / 2**20 * args.rounds) * 1e3:.2f}",
             ]
         )
-    header = ["protocol", "GET round trip p50 µs", "SSE µs per frame", "upload MB/s"]
+    header = [
+        "protocol",
+        "GET round trip p50 µs",
+        "server CPU µs/GET",
+        "SSE µs/frame",
+        "server CPU µs/frame",
+        "upload MB/s",
+        "server CPU ms/MiB",
+    ]
     print(harness.table(header, rows))
     if not pinned:
         print("note: fewer than 2 cores: processes were not pinned")
