@@ -58,11 +58,13 @@ async def slow_client(port: int, opened: asyncio.Event, stop: float) -> tuple[Re
                 await asyncio.sleep(DRIP)
 
     dripping = asyncio.create_task(drip())
-    read = await read_async(reader, stop - time.monotonic())
-    dripping.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await dripping
-    writer.close()
+    try:
+        read = await read_async(reader, stop - time.monotonic())
+    finally:
+        dripping.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await dripping
+        writer.close()
     return read, time.monotonic() - started
 
 
@@ -81,11 +83,22 @@ def test_slow_heads_do_not_lock_out_a_real_client(
 ) -> None:
     raise_fd_limit()
     assert sim.server is not None
-    with running_proxy(sim.server.url, encoding, header_timeout=2.0) as proxy:
+    with running_proxy(sim.server.url, encoding, header_timeout=3.0) as proxy:
         port = port_of(proxy.url)
 
         async def scenario() -> None:
             slow = await attack(port, SLOW, 30)
+            try:
+                await served_during(slow)
+            finally:
+                for task in slow:
+                    task.cancel()
+
+        async def served_during(slow: list[asyncio.Task[tuple[Read, float]]]) -> None:
+            for _ in range(200):  # the server accepts a moment after the client connected
+                if proxy.metric("proxy_client_connections") >= SLOW:
+                    break
+                await asyncio.sleep(0.01)
             assert proxy.metric("proxy_client_connections") >= SLOW
             async with httpx.AsyncClient(base_url=proxy.url, timeout=10) as client:
                 for _ in range(5):
@@ -100,7 +113,7 @@ def test_slow_heads_do_not_lock_out_a_real_client(
                 assert answer.status == 408, answer
                 assert answer.json()["error"]["code"] == "request_timeout"
                 assert read.closed
-                assert seconds < 2.0 + 3.0
+                assert seconds < 3.0 + 3.0
 
         asyncio.run(scenario())
         assert proxy.metric("proxy_http_limits_total", kind="head_timeout") == SLOW
@@ -116,13 +129,20 @@ def test_a_serve_process_under_slowloris(sim: SimThread, tmp_path: Path) -> None
     process = start_proxy_process(
         sim.server.url,
         tmp_path / "proxy.log",
-        *("--header-timeout", "1.5", "--max-connections", str(cap)),
+        *("--header-timeout", "3", "--max-connections", str(cap)),
     )
     try:
         port = port_of(process.url)
 
         async def scenario() -> None:
             slow = await attack(port, SLOW, 30)
+            try:
+                await refused_then_served(slow)
+            finally:
+                for task in slow:
+                    task.cancel()
+
+        async def refused_then_served(slow: list[asyncio.Task[tuple[Read, float]]]) -> None:
             # Over the cap: refused at once with a reason and a time to retry.
             started = time.monotonic()
             refused = exchange(port, request("GET", "/healthz"), timeout=5)
