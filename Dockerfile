@@ -50,15 +50,19 @@ ENV VIRTUAL_ENV=/opt/venv \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     PROXY_HOST=0.0.0.0 \
-    PROXY_PORT=8080
+    PROXY_PORT=8080 \
+    PROXY_DATA_DIR=/data
 
 COPY --from=build /opt/venv /opt/venv
 COPY --from=build /opt/vocab /opt/vocab
 
 # A fixed numeric uid, so `runAsNonRoot` can verify it without a passwd lookup.
+# /data: the embedded response store (SQLite, issue 13); mount a volume there to keep it.
 RUN groupadd --system --gid 10001 proxy \
     && useradd --system --uid 10001 --gid proxy --no-create-home --home-dir /nonexistent \
-       --shell /usr/sbin/nologin proxy
+       --shell /usr/sbin/nologin proxy \
+    && mkdir /data && chown 10001:10001 /data
+VOLUME ["/data"]
 USER 10001:10001
 WORKDIR /tmp
 

@@ -20,12 +20,15 @@ vocab: install
 run: vocab
 	$(PY) -m proxy serve $(ARGS)
 
-# Prometheus (Debian's package) for the end-to-end metrics test; kubectl is expected on PATH.
+# Debian's packages for the end-to-end tests: Prometheus (the metrics test) and redis-server (the
+# store's Redis backend, started by the tests on a free loopback port). kubectl is expected on PATH.
 tools:
-	@command -v prometheus >/dev/null && command -v promtool >/dev/null || { \
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null \
+	  && command -v redis-server >/dev/null || { \
 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 	  $$SUDO apt-get update -qq && \
-	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    prometheus redis-server; }
 
 test: vocab tools
 	$(PY) -m coverage run -m pytest $(PYTEST_ARGS)

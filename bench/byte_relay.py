@@ -4,11 +4,12 @@ trtllm-serve. Benchmark 2 compares the proxy's added latency with it.
 
     .venv/bin/python bench/byte_relay.py --upstream http://127.0.0.1:8000 [--client lean]
 
-`--client httpx` (default) is what the proxy's pass-through uses; `--client lean` relays through
-`proxy.upstream.stream.StreamClient`, the client of the proxy's repaired completion streams.
+`--client httpx` (default) is what the proxy's pass-through used until issue 12; `--client lean`
+relays through `proxy.upstream.stream.StreamClient`, the client of the proxy's repaired
+completion streams and, since issue 12, of its pass-through.
 
 Every request goes to the upstream as it came (method, path, query, headers but Host, body) and
-the answer comes back chunk by chunk as httpx reads it, exactly like the proxy's pass-through,
+the answer comes back chunk by chunk as the client reads it, like the proxy's pass-through,
 without any parsing. `GET /health` answers locally.
 """
 

@@ -18,10 +18,12 @@ from __future__ import annotations
 import asyncio
 import os
 import resource
+import shutil
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -84,6 +86,8 @@ class Process:
     popen: subprocess.Popen[bytes]
     url: str
     port: int
+    #: A folder of its own, removed when it stops (the proxy's embedded response store).
+    scratch: Path | None = None
 
     @property
     def pid(self) -> int:
@@ -104,6 +108,8 @@ class Process:
         except subprocess.TimeoutExpired:
             self.popen.kill()
             self.popen.wait()
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 def _status_kb(pid: int, key: str) -> int:
@@ -125,14 +131,21 @@ def _pinned(core: int | None) -> Callable[[], None] | None:
 
 
 async def start_process(
-    name: str, argv: Sequence[str], port: int, *, core: int | None, ready_path: str
+    name: str,
+    argv: Sequence[str],
+    port: int,
+    *,
+    core: int | None,
+    ready_path: str,
+    cwd: Path = ROOT,
 ) -> Process:
     """Start a server process pinned to `core` and wait until `ready_path` answers 200 (async:
-    the simulator it probes may be serving on this very loop)."""
+    the simulator it probes may be serving on this very loop). `python -m proxy` runs the
+    `proxy` package found in `cwd` (another checkout, for before/after comparisons)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROXY_")}
     popen = subprocess.Popen(
         [sys.executable, *argv],
-        cwd=ROOT,
+        cwd=cwd,
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -164,15 +177,24 @@ async def _get_status(port: int, path: str) -> int:
         writer.close()
 
 
-async def start_proxy(upstream: str, *, core: int | None = PROXY_CORE, **settings: str) -> Process:
+async def start_proxy(
+    upstream: str, *, core: int | None = PROXY_CORE, root: Path = ROOT, **settings: str
+) -> Process:
     """`python -m proxy serve` against `upstream`, pinned to `core`, production settings (JSON
-    request log at info level, to /dev/null) unless overridden by `settings` (flag names)."""
+    request log at info level, to /dev/null) unless overridden by `settings` (flag names); the
+    proxy of the checkout at `root`."""
     port = free_port()
     argv = ["-m", "proxy", "serve", "--upstream", upstream, "--host", "127.0.0.1"]
     argv += ["--port", str(port)]
+    scratch = None
+    if "data_dir" not in settings:  # the default (embedded) store, in a folder of its own
+        scratch = Path(tempfile.mkdtemp(prefix="bench-proxy-"))
+        settings = {**settings, "data_dir": str(scratch)}
     for key, value in settings.items():
         argv += ["--" + key.replace("_", "-"), value]
-    return await start_process("proxy", argv, port, core=core, ready_path="/readyz")
+    process = await start_process("proxy", argv, port, core=core, ready_path="/readyz", cwd=root)
+    process.scratch = scratch
+    return process
 
 
 async def start_relay(

@@ -20,6 +20,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from proxy.harmony.reasoning_seal import parse_keys
+from proxy.store import check_store_url
+
 ENV_PREFIX = "PROXY_"
 CONFIG_ENV = "PROXY_CONFIG"
 
@@ -104,6 +107,13 @@ def _names(value: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in value.split(",") if part.strip())
 
 
+def _header_name(value: str) -> str:
+    name = value.strip().lower()
+    if not name or any(c.isspace() or c in ':()<>@,;\\"/[]?={}' for c in name):
+        raise ValueError("must be an HTTP header name such as authorization or x-api-key")
+    return name
+
+
 def _choice(*choices: str) -> Callable[[str], str]:
     def parse(value: str) -> str:
         if value not in choices:
@@ -121,6 +131,8 @@ class Field:
     default: Any
     help: str
     aliases: tuple[str, ...] = ()
+    #: Its value never appears in an error message (keys).
+    secret: bool = False
 
     @property
     def env(self) -> str:
@@ -148,7 +160,8 @@ FIELDS: tuple[Field, ...] = (
           "seconds from the request to upstream's first token "
           "(prefill of long prompts under load)"),
     Field("idle_timeout", _positive_float, 120.0,
-          "seconds allowed between two upstream frames once tokens flow"),
+          "seconds allowed between two upstream tokens once they flow (frames without tokens "
+          "do not count); in pass-through, between two reads of upstream's body"),
     Field("send_timeout", _positive_float, 60.0,
           "seconds a client may accept nothing (not reading) before its stream is dropped "
           "and its upstream request released"),
@@ -156,8 +169,26 @@ FIELDS: tuple[Field, ...] = (
           "seconds of silence after which a `: keepalive` SSE comment is sent"),
     Field("drain_timeout", _positive_float, 30.0,
           "on SIGTERM, seconds in-flight streams may take to finish before they are failed"),
+    Field("drain_linger", _non_negative_float, 1.0,
+          "on SIGTERM, seconds the listener stays open at least (probes and new requests get "
+          "503) even when nothing is in flight; it closes at drain_timeout at the latest"),
+    Field("render_workers", _non_negative_int, 1,
+          "processes that validate and render /v1/responses requests off the event loop "
+          "(0: render on the event loop, the old behaviour)"),
+    Field("render_timeout", _positive_float, 20.0,
+          "seconds a request may take to render (400 above it, the worker is replaced), and "
+          "wait for a free render worker (429 above it)"),
+    Field("render_queue", _positive_int, 32,
+          "requests that may wait for a render worker at once; more get 429 with Retry-After"),
+    Field("body_budget_bytes", _non_negative_int, 64 * 1024 * 1024,
+          "request body bytes read and rendered at once, over all requests (0: no budget)"),
+    Field("body_budget_wait", _non_negative_float, 5.0,
+          "seconds a request waits for room in body_budget_bytes before a 503 with Retry-After"),
     Field("max_body_bytes", _non_negative_int, 16 * 1024 * 1024,
           "largest request body accepted (413 above it)"),
+    Field("max_prompt_tokens", _positive_int, 131_072,
+          "the model's context in tokens (gpt-oss: 131072): prompt + max_output_tokens above "
+          "it is a 400, or with truncation 'auto' the oldest input items are dropped to fit"),
     Field("max_concurrent_streams", _non_negative_int, 0,
           "repaired requests served at once; more get 429 with Retry-After (0: no limit)"),
     # HTTP server limits on the client side (issue 12; nginx/Envoy semantics, proxy/server/guard.py)
@@ -198,6 +229,27 @@ FIELDS: tuple[Field, ...] = (
     Field("log_format", _choice("json", "text"), "json", "one JSON object per line, or text"),
     Field("log_content", _bool, False,
           "debug only: log prompts and outputs (never enable in production)"),
+    Field("reasoning_keys", parse_keys, (),
+          "AES-256-GCM keys for include reasoning.encrypted_content, ID:BASE64 comma-separated, "
+          "newest first (it seals, all open: rotate by prepending); unset: one random key per "
+          "process, so blobs do not survive a restart or cross replicas",
+          secret=True),
+
+    Field("store_url", check_store_url, "embedded",
+          "where responses are stored (issue 13): embedded (SQLite in data_dir, shared by the "
+          "processes of one host), redis://HOST:PORT/DB (replicas), memory:// (tests), or off"),
+    Field("data_dir", str, "data",
+          "directory of the embedded store (a volume in the deploy files)"),
+    Field("store_ttl", _positive_float, 30 * 24 * 3600.0,
+          "seconds a stored response is kept (OpenAI keeps them 30 days)"),
+    Field("store_max_bytes", _non_negative_int, 1024**3,
+          "bytes the store may hold; past it the oldest responses are evicted (0: no bound)"),
+    Field("store_scope_header", _header_name, "authorization",
+          "request header whose value (hashed) scopes stored responses: a response is visible "
+          "only to requests with the same value (Authorization: its bearer token)"),
+    Field("store_timeout", _positive_float, 5.0,
+          "seconds a request waits for the store before answering 503 (a foreground stream "
+          "never waits longer than this for its last write, and never fails for it)"),
     Field("simulator_stream_interval", _positive_int, 20,
           "built-in simulator: tokens per engine output after the first (trtllm stream_interval)"),
     Field("simulator_token_seconds", _non_negative_float, 0.01,
@@ -221,7 +273,14 @@ class Settings:
     send_timeout: float = 60.0
     keepalive_interval: float = 15.0
     drain_timeout: float = 30.0
+    drain_linger: float = 1.0
+    render_workers: int = 1
+    render_timeout: float = 20.0
+    render_queue: int = 32
+    body_budget_bytes: int = 64 * 1024 * 1024
+    body_budget_wait: float = 5.0
     max_body_bytes: int = 16 * 1024 * 1024
+    max_prompt_tokens: int = 131_072
     max_concurrent_streams: int = 0
     max_header_bytes: int = 64 * 1024
     max_headers: int = 100
@@ -238,6 +297,14 @@ class Settings:
     log_level: str = "info"
     log_format: str = "json"
     log_content: bool = False
+    reasoning_keys: tuple[tuple[str, bytes], ...] = dataclasses.field(default=(), repr=False)
+
+    store_url: str = "embedded"
+    data_dir: str = "data"
+    store_ttl: float = 30 * 24 * 3600.0
+    store_max_bytes: int = 1024**3
+    store_scope_header: str = "authorization"
+    store_timeout: float = 5.0
     simulator_stream_interval: int = 20
     simulator_token_seconds: float = 0.01
 
@@ -253,7 +320,8 @@ def _parse(field: Field, raw: Any, source: str) -> Any:
     try:
         return field.parse(text)
     except ValueError as exc:
-        raise ConfigError(f"{source}={text!r}: {exc}") from None
+        shown = "<secret>" if field.secret else repr(text)
+        raise ConfigError(f"{source}={shown}: {exc}") from None
 
 
 def load_file(path: Path) -> dict[str, Any]:

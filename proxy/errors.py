@@ -2,7 +2,10 @@
 
     ProxyError                      base; never raised itself
     ├── ClientError                 the request is wrong: 4xx, nothing sent upstream
-    └── UpstreamError               upstream failed before the client's stream started: 502/504/4xx
+    ├── UpstreamError               upstream failed before the client's stream started: 502/504/4xx
+    ├── UnavailableError            the proxy cannot take the request now (draining, body
+    │                               budget full): 503 + Retry-After
+    └── StoreUnavailableError       the response store cannot answer now: 503 (issue 13)
 
 Errors after a stream started are not exceptions but events (`error` + `response.failed`, built
 by the core), because the HTTP status has already been sent.
@@ -68,3 +71,21 @@ class UpstreamError(ProxyError):
 
     status = 502
     error_type = "upstream_error"
+
+
+class UnavailableError(ProxyError):
+    """The proxy cannot take the request now — it is shutting down, or its body budget is full
+    (issue 12): 503 with Retry-After, so the client retries (on another replica)."""
+
+    status = 503
+    error_type = "server_error"
+
+
+class StoreUnavailableError(ProxyError):
+    """The response store did not answer (unreachable, failing, too slow): 503, retry later."""
+
+    status = 503
+    error_type = "server_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="store_unavailable")

@@ -24,6 +24,7 @@ OUTCOMES = (
     "upstream_error",
     "client_disconnect",
     "rejected",
+    "cancelled",
 )
 #: Where a client went away (`Exchange.phase`, the app's body read, pass-through).
 DISCONNECT_PHASES = ("before_upstream", "before_first_token", "streaming", "passthrough")
@@ -31,10 +32,11 @@ DISCONNECT_PHASES = ("before_upstream", "before_first_token", "streaming", "pass
 CLIENT_TIMEOUT = "client_send"
 #: Upstream timeouts: before its first token, between frames, before its response headers.
 TIMEOUT_KINDS = ("first_token", "idle", "first_byte", CLIENT_TIMEOUT)
-#: `proxy_upstream_errors_total{kind}`: the codes of `FrameError` and of `UpstreamError` before
-#: the first byte (proxy/upstream/), a timeout of either counted as `timeout`.
+#: `proxy_upstream_errors_total` kinds: the error codes of upstream failures, on both routes
+#: (a timeout is `timeout`). Pass-through (issue 12): `upstream_bad_response` for an answer
+#: that is no valid HTTP response (502 before our head, an abort after it),
+#: `upstream_disconnected` for one cut after our head.
 UPSTREAM_ERROR_KINDS = (
-    "timeout",
     "upstream_unreachable",
     "upstream_error",
     "upstream_bad_response",
@@ -42,6 +44,19 @@ UPSTREAM_ERROR_KINDS = (
     "upstream_incomplete",
     "malformed_frame",
     "missing_token_ids",
+    "timeout",
+)
+
+#: (path, outcome) of `proxy_renders_total` (proxy/server/render.py).
+RENDER_LABELS = (
+    ("inline", "ok"),
+    ("inline", "client_error"),
+    ("worker", "ok"),
+    ("worker", "client_error"),
+    ("worker", "timeout"),
+    ("worker", "queue_full"),
+    ("worker", "worker_died"),
+    ("worker", "failed"),
 )
 #: `proxy_http_limits_total{kind}`: what the client-side HTTP limits stopped (server/guard.py).
 HTTP_LIMIT_KINDS = (
@@ -59,6 +74,9 @@ _TTFT = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
 _OVERHEAD = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.1)
 _DURATION = (0.01, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400)
 _TOKENS_PER_FRAME = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64, 128, 256)
+#: The response store's calls (proxy/store/measured.py) and what its writer drops.
+STORE_OPS = ("apply", "get", "read_log", "wait_log", "resolve", "signals", "sweep", "stats", "ping")
+STORE_EVICTIONS = ("size", "ttl")
 
 
 class Metrics:
@@ -202,6 +220,46 @@ class Metrics:
         )
         self.ready = Gauge("proxy_ready", "1 when /readyz answers 200", registry=r)
         self.draining = Gauge("proxy_draining", "1 after SIGTERM", registry=r)
+        # Issue 12: where requests were rendered (inline on the loop, or in a worker process)
+        # and how it ended; every label set exported at zero from the start.
+        self.renders = Counter(
+            "proxy_renders", "Request renders by path and outcome", ["path", "outcome"], registry=r
+        )
+        for path, outcome in RENDER_LABELS:
+            self.renders.labels(path, outcome)
+
+        self.store_responses = Gauge(
+            "proxy_store_responses", "Responses in the response store", registry=r
+        )
+        self.store_bytes = Gauge(
+            "proxy_store_bytes",
+            "Bytes the response store holds (what store_max_bytes bounds)",
+            registry=r,
+        )
+        self.store_evictions = Counter(
+            "proxy_store_evictions",
+            "Stored responses removed: past store_max_bytes (oldest first) or store_ttl",
+            ["reason"],
+            registry=r,
+        )
+        self.store_seconds = Histogram(
+            "proxy_store_operation_seconds",
+            "Time of one response-store call, by operation (a batch of writes is one apply)",
+            ["op"],
+            buckets=_FAST,
+            registry=r,
+        )
+        self.store_errors = Counter(
+            "proxy_store_errors",
+            "Response-store calls that failed, by operation (a failed apply loses its writes)",
+            ["op"],
+            registry=r,
+        )
+        self.background = Gauge(
+            "proxy_background_responses",
+            "Background responses running in this process",
+            registry=r,
+        )
         build = Gauge("proxy_build_info", "Build information", ["version", "harmony"], registry=r)
         build.labels(__version__, harmony_version).set(1)
         # Export zeros for the fixed label sets, so that rates, ratios and alerts have series
@@ -216,10 +274,10 @@ class Metrics:
             self.disconnects.labels(phase)
         for kind in TIMEOUT_KINDS:
             self.timeouts.labels(kind)
-        for status_class in ("2xx", "4xx", "5xx"):
-            self.passthrough.labels(status_class)
         for kind in UPSTREAM_ERROR_KINDS:
             self.upstream_errors.labels(kind)
+        for status_class in ("2xx", "4xx", "5xx"):
+            self.passthrough.labels(status_class)
         for kind in MALFORMED_KINDS:
             self.malformed.labels(kind)
         for kind in HTTP_LIMIT_KINDS:
@@ -230,6 +288,10 @@ class Metrics:
             self.tokens.labels(channel)
             self.recovered_chars.labels(channel)
             self.recovered_tokens.labels(channel)
+        for op in STORE_OPS:
+            self.store_errors.labels(op)
+        for reason in STORE_EVICTIONS:
+            self.store_evictions.labels(reason)
 
     def model_label(self, model: str) -> str:
         return model if model in self._models else "other"

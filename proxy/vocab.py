@@ -131,6 +131,14 @@ def ensure_vocab(env: Mapping[str, str], *, fetch: Fetcher = _urlopen_fetch) -> 
     return folder
 
 
+def loaded_dir(env: Mapping[str, str]) -> Path:
+    """The folder `load_encoding` loaded the vocab from (render workers load it from there)."""
+    folder = env.get("TIKTOKEN_ENCODINGS_BASE")
+    if not folder:
+        raise VocabError("no Harmony vocab loaded yet (TIKTOKEN_ENCODINGS_BASE is unset)")
+    return Path(folder)
+
+
 def load_encoding(vocab_dir: Path) -> HarmonyEncoding:
     """Load gpt-oss's Harmony encoding from `vocab_dir` (the folder `ensure_vocab` returned)."""
     # openai-harmony takes the folder only from this variable; set it before its first load.

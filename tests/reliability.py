@@ -288,10 +288,13 @@ class RawUpstream:
     """A bare-socket HTTP/1.1 stand-in for trtllm-serve, for what uvicorn would not let an app do
     (drop the connection before a status line; send odd response headers). It answers the probe,
     `/health` and `/v1/models` properly; each streaming `/v1/completions` gets `stream_answer`
-    (raw bytes; empty: close at once)."""
+    (raw bytes; empty: close at once); a request for a path in `answers` gets its raw pieces
+    (50 ms apart), then the connection is closed, or kept for the next request (`keep`), or
+    held open until the proxy closes it (`hold`)."""
 
     def __init__(self, stream_answer: bytes = b"") -> None:
         self.stream_answer = stream_answer
+        self.answers: dict[bytes, tuple[list[bytes], str]] = {}
         self.requests: list[bytes] = []
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -331,6 +334,18 @@ class RawUpstream:
                 payload = await reader.readexactly(length) if length else b""
                 self.requests.append(head + payload)
                 target = head.split(b" ", 2)[1]
+                if target in self.answers:
+                    pieces, then = self.answers[target]
+                    for number, piece in enumerate(pieces):
+                        if number:
+                            await asyncio.sleep(0.05)
+                        writer.write(piece)
+                        await writer.drain()
+                    if then == "hold":
+                        await reader.read()  # until the proxy closes
+                    if then != "keep":
+                        return
+                    continue
                 if target == b"/v1/completions" and b'"stream":true' in payload:
                     if self.stream_answer:
                         writer.write(self.stream_answer)

@@ -57,6 +57,19 @@ def test_capacity_measures_cpu_and_memory_without_errors() -> None:
     assert re.search(r"CPU per response = -?[0-9.]+ ms \+ -?[0-9.]+ µs × tokens", output), output
 
 
+def test_store_cost_measures_every_store_without_errors() -> None:
+    table = rows(
+        bench(
+            "store_cost.py",
+            *("--repeats", "2", "--short-tokens", "40", "--tokens", "60"),
+            *("--streams", "4", "--concurrency", "2", "--rounds", "1"),
+        )
+    )
+    for store in ("off", "embedded", "redis"):
+        assert table[store][-1] == "0", table  # no errors, in either table
+    assert float(table["embedded"][4]) > 0  # stored KB per response measured
+
+
 @pytest.mark.parametrize(
     ("script", "args", "expect"),
     [
@@ -64,12 +77,59 @@ def test_capacity_measures_cpu_and_memory_without_errors() -> None:
         ("cold_cache.py", ("--repeats", "1", "--gap-ms", "1", "--tokens", "60"), r"ResponseStream"),
         ("prepare.py", ("--repeats", "3"), r"20-item agent history"),
         ("unpatched_cost.py", ("--repeats", "1", "--tokens", "60"), r"20 per chunk"),
+        ("request_fields.py", ("--repeats", "1", "--items", "12"), r"truncation=auto cuts \|"),
     ],
 )
 def test_core_benchmarks_print_their_tables(
     script: str, args: tuple[str, ...], expect: str
 ) -> None:
     assert re.search(expect, bench(script, *args))
+
+
+def test_http_parser_compares_parsers_and_proxies_before_and_after() -> None:
+    output = bench(
+        "http_parser.py",
+        *("--repeats", "1", "--frames", "20", "--baseline", "HEAD"),
+        *("--requests", "1", "--tokens", "60"),
+    )
+    table = rows(output)
+    for parser in ("llhttp (httptools)", "http1.py at HEAD", "h11"):
+        assert float(table[parser][0]) > 0, table  # per frame µs
+    for proxy in ("proxy at HEAD", "proxy (this checkout)"):
+        assert table[proxy][0] != "0", table  # frames were timed
+        assert table[proxy][-1] == "0", table  # no errors
+
+
+def test_render_cost_prints_the_inline_bound_and_the_round_trip() -> None:
+    table = rows(bench("render_cost.py", "--repeats", "3"))
+    assert "5 items, longest runs" in table, table
+    assert "agent: 3 tools, 20 items" in table, table
+    assert float(table["agent: 3 tools, 20 items"][1]) > 0  # the worker's p50 ms
+
+
+def test_hostile_render_compares_inline_and_workers() -> None:
+    output = bench(
+        "hostile_render.py",
+        *("--chars", "20000", "--streams", "2", "--tokens", "40"),
+        *("--quiet", "1", "--realistic-mib", "0.6"),
+    )
+    table = rows(output)
+    assert table["stream errors"] == ["0", "0"], output
+    # every hostile body got an answer in both runs (tiny sizes: all are served)
+    assert table["run of 20,000 letters"][1].startswith("200 completed"), output
+    assert table["realistic 500 KB"] == [
+        "200 completed" + c[13:] for c in table["realistic 500 KB"]
+    ]
+    assert float(table["/healthz p99 ms, hostile"][1]) > 0
+
+
+def test_body_memory_reads_the_rss_of_the_proxy_and_its_workers() -> None:
+    table = rows(bench("body_memory.py", "--clients", "3", "--mib", "1"))
+    assert table["answers: 400 invalid_type"] == ["3", "3"], table
+    proxy, workers = (float(v) for v in table["RSS idle, proxy / workers MB"][1].split(" / "))
+    assert proxy > 0
+    assert workers > 0  # the render worker of the default settings
+    assert table["RSS idle, proxy / workers MB"][0].endswith("/ 0")  # render_workers 0
 
 
 def test_http_guard_compares_both_protocols() -> None:

@@ -15,6 +15,7 @@ from proxy.config import Settings
 from proxy.server.app import create_app
 from proxy.simulator.app import create_simulator_app
 from proxy.simulator.config import SimulatorConfig
+from tests.agents_support import weather_agent
 from tests.live import LiveServer, wait_for
 
 MODEL = "openai/gpt-oss-120b"
@@ -42,11 +43,14 @@ def simulator_url(servers: tuple[str, str]) -> str:
 
 def test_sdk_stream_helper_long_answer_with_unicode(proxy_url: str) -> None:
     client = OpenAI(base_url=proxy_url, api_key="x", _strict_response_validation=True)
-    with client.responses.stream(
-        model=MODEL,
-        input="Tell me about 東京 and café culture ☕",
-        extra_headers={"X-Sim-Tokens": "600"},
-    ) as stream:
+    with (
+        client,
+        client.responses.stream(
+            model=MODEL,
+            input="Tell me about 東京 and café culture ☕",
+            extra_headers={"X-Sim-Tokens": "600"},
+        ) as stream,
+    ):
         deltas = [event.delta for event in stream if event.type == "response.output_text.delta"]
         final = stream.get_final_response()
     assert final.status == "completed"
@@ -60,23 +64,11 @@ def test_sdk_stream_helper_long_answer_with_unicode(proxy_url: str) -> None:
 def test_openai_agents_runs_a_function_tool_through_the_proxy(proxy_url: str) -> None:
     import agents  # the openai-agents package (dev set)
 
-    agents.set_tracing_disabled(True)
     calls: list[str] = []
-
-    @agents.function_tool
-    def get_weather(city: str) -> str:
-        """Current weather for a city."""
-        calls.append(city)
-        return f"It is sunny and 21 °C in {city}."
 
     async def run() -> tuple[object, object]:
         async with AsyncOpenAI(base_url=proxy_url, api_key="x") as client:
-            agent = agents.Agent(
-                name="weather",
-                instructions="Use the tool to answer.",
-                tools=[get_weather],
-                model=agents.OpenAIResponsesModel(model=MODEL, openai_client=client),
-            )
+            agent = weather_agent(client, calls)
             result = await agents.Runner.run(agent, "What's the weather in Paris?")
             streamed = agents.Runner.run_streamed(agent, "And in Tokyo?")
             async for _ in streamed.stream_events():

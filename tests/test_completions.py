@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.upstream.completions import DONE_FRAME, Frame, FrameError, error_message, parse_frame
+from proxy.upstream.completions import (
+    DONE_FRAME,
+    Frame,
+    FrameError,
+    describe_error_body,
+    error_message,
+    parse_frame,
+)
 
 
 def test_token_frame() -> None:
@@ -56,8 +63,26 @@ def test_error_message_of_upstream_bodies() -> None:
     assert error_message(b'{"object":"error","message":"bad prompt","code":400}') == "bad prompt"
     assert error_message(b'{"error":{"message":"slow down"}}') == "slow down"
     assert error_message(b'{"error":"boom"}') == "boom"
-    assert error_message(b"<html>502</html>") == "<html>502</html>"
-    assert error_message(b"") == "(empty body)"
+    assert error_message(b"<html>502</html>") is None
+    assert error_message(b"") is None
+    assert error_message(b"{") is None
+
+
+def test_error_bodies_without_a_message_are_described_not_quoted() -> None:
+    """Issue 12: a 400 quoted a lone `{`; junk is described, never echoed."""
+    assert describe_error_body(b"", "") == "an empty body"
+    assert describe_error_body(b"<html>502</html>", "text/html; charset=utf-8") == (
+        "an error body that is not JSON (16 bytes of text/html; not quoted)"
+    )
+    assert describe_error_body(b"{", "application/json") == (
+        "an error body that is not JSON (1 bytes of application/json; not quoted)"
+    )
+    assert describe_error_body(b"[1, 2]", "") == (
+        "a JSON error body without a message (6 bytes; not quoted)"
+    )
+    assert describe_error_body(b'{"message": "ok so far', "", "not complete within 2 s") == (
+        "an error body that was not complete within 2 s (not quoted)"
+    )
 
 
 def test_error_frame_with_a_plain_error_string() -> None:
@@ -66,4 +91,5 @@ def test_error_frame_with_a_plain_error_string() -> None:
 
 
 def test_error_body_that_is_json_but_not_an_error_object() -> None:
-    assert error_message(b"[1, 2]") == "[1, 2]"
+    assert error_message(b"[1, 2]") is None
+    assert error_message(b'{"detail": "x"}') is None

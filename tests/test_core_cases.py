@@ -88,7 +88,7 @@ CASES = [
             reasoning("Search it."),
             (
                 "web_search_call",
-                {"type": "search", "query": "gpt-oss", "queries": None, "sources": None},
+                {"type": "search", "query": "gpt-oss"},
             ),
         ],
     ),
@@ -105,7 +105,7 @@ CASES = [
     Case(
         "browser_call_with_broken_json",
         "<|channel|>analysis to=browser.search<|message|>{query: oops<|call|>",
-        [("web_search_call", {"type": "search", "query": None, "queries": None, "sources": None})],
+        [("web_search_call", {"type": "search"})],
     ),
     Case(
         "browser_call_with_non_object_json",

@@ -223,8 +223,8 @@ def test_kubernetes_shutdown_outlasts_the_drain(
     sleep_command = proxy["lifecycle"]["preStop"]["exec"]["command"]
     assert sleep_command[0] == "sleep"
     pre_stop = float(sleep_command[1])
-    # SIGTERM after the preStop sleep, then up to drain_timeout, then uvicorn's own grace.
-    proxy_gone = pre_stop + drain + server._DRAIN_GRACE
+    # SIGTERM after the preStop sleep, then up to drain_timeout, then the exit (issue 12).
+    proxy_gone = pre_stop + drain + server.EXIT_MARGIN
     assert pod["terminationGracePeriodSeconds"] > proxy_gone
     liveness = proxy["livenessProbe"]
     assert liveness["periodSeconds"] * liveness["failureThreshold"] > proxy_gone
@@ -291,6 +291,58 @@ def test_kubernetes_simulator_overlay_needs_no_gpu() -> None:
     assert {volume["name"] for volume in pod["volumes"]} == mounted
 
 
+def test_kubernetes_proxy_keeps_its_store_on_a_data_volume(
+    manifests: dict[tuple[str, str], dict[str, Any]],
+) -> None:
+    settings = load_settings(_proxy_env(manifests))
+    assert settings.store_url == "embedded"
+    proxy = _containers(manifests)["proxy"]
+    mounts = {m["mountPath"]: m["name"] for m in proxy["volumeMounts"]}
+    volume_name = mounts[settings.data_dir]
+    pod = _one(manifests, "Deployment")["spec"]["template"]["spec"]
+    [volume] = [v for v in pod["volumes"] if v["name"] == volume_name]
+    size = volume["emptyDir"]["sizeLimit"]
+    assert size.endswith("Gi")
+    assert int(size[:-2]) * 1024**3 > settings.store_max_bytes
+
+
+def test_kubernetes_replicas_overlay_shares_one_redis() -> None:
+    docs = _kustomize("overlays/replicas")
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for doc in docs:
+        by_kind.setdefault(doc["kind"], []).append(doc)
+    deployments = {d["metadata"]["name"]: d for d in by_kind["Deployment"]}
+    assert deployments["gpt-oss"]["spec"]["replicas"] == 2
+    redis = deployments["gpt-oss-redis"]
+    assert redis["spec"]["replicas"] == 1
+    manifests = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    proxy = next(
+        c
+        for c in deployments["gpt-oss"]["spec"]["template"]["spec"]["containers"]
+        if c["name"] == "proxy"
+    )
+    env: dict[str, str] = {}
+    for source in proxy["envFrom"]:
+        env.update(manifests[("ConfigMap", source["configMapRef"]["name"])]["data"])
+    settings = load_settings(env)
+    services = {d["metadata"]["name"]: d for d in by_kind["Service"]}
+    url = settings.store_url
+    assert url == "redis://gpt-oss-redis:6379/0"
+    [port] = services["gpt-oss-redis"]["spec"]["ports"]
+    assert port["port"] == 6379
+    redis_labels = redis["spec"]["template"]["metadata"]["labels"]
+    assert services["gpt-oss-redis"]["spec"]["selector"].items() <= redis_labels.items()
+    # the clients' Service reaches the proxies only, never Redis
+    assert not services["gpt-oss"]["spec"]["selector"].items() <= redis_labels.items()
+    policies = {d["metadata"]["name"]: d for d in by_kind["NetworkPolicy"]}
+    [rule] = policies["gpt-oss-redis"]["spec"]["ingress"]
+    proxy_labels = deployments["gpt-oss"]["spec"]["template"]["metadata"]["labels"]
+    assert rule["from"][0]["podSelector"]["matchLabels"].items() <= proxy_labels.items()
+    [container] = redis["spec"]["template"]["spec"]["containers"]
+    assert container["securityContext"]["runAsNonRoot"] is True
+    assert container["resources"]["limits"]["memory"]
+
+
 # -- compose -----------------------------------------------------------------------------------
 
 
@@ -303,15 +355,15 @@ def _compose(name: str) -> dict[str, Any]:
 def test_compose_stack(name: str) -> None:
     compose = _compose(name)
     services = compose["services"]
-    assert set(services) == {"trtllm-serve", "proxy", "prometheus", "grafana"}
+    assert set(services) == {"trtllm-serve", "proxy", "prometheus", "grafana", "redis"}
     proxy = services["proxy"]
-    settings = load_settings(proxy["environment"])
+    settings = load_settings(_interpolated(proxy["environment"]))
     assert settings.upstream_url == f"http://trtllm-serve:{UPSTREAM_PORT}"
     assert proxy["build"]["context"] == "../.."
     assert proxy["build"]["dockerfile"] == "Dockerfile"
     assert (DEPLOY / "compose" / proxy["build"]["context"] / "Dockerfile").is_file()
     grace = float(proxy["stop_grace_period"].rstrip("s"))
-    assert grace > settings.drain_timeout + server._DRAIN_GRACE
+    assert grace > settings.drain_timeout + server.EXIT_MARGIN
     assert "/readyz" in " ".join(proxy["healthcheck"]["test"])
     assert "ports" not in services["trtllm-serve"], "clients go through the proxy"
     for service in services.values():
@@ -321,6 +373,29 @@ def test_compose_stack(name: str) -> None:
                 assert (DEPLOY / "compose" / source).exists(), f"{name}: {source}"
     scrape = yaml.safe_load(PROMETHEUS_CONFIG.read_text())["scrape_configs"][0]
     assert scrape["static_configs"][0]["targets"] == [f"proxy:{settings.port}"]
+
+
+def _interpolated(env: dict[str, str]) -> dict[str, str]:
+    """Compose's `${NAME:-default}` as compose resolves it with NAME unset."""
+    return {k: re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", str(v)) for k, v in env.items()}
+
+
+@pytest.mark.parametrize("name", COMPOSE_FILES)
+def test_compose_keeps_responses_on_a_volume_or_in_redis(name: str) -> None:
+    services = _compose(name)["services"]
+    compose = _compose(name)
+    proxy, redis = services["proxy"], services["redis"]
+    settings = load_settings(_interpolated(proxy["environment"]))
+    assert settings.store_url == "embedded"
+    mounts = dict(volume.split(":")[:2] for volume in proxy["volumes"])
+    assert mounts["proxy-data"] == "/data"
+    assert "proxy-data" in compose["volumes"]
+    # the Redis the profile brings up is the one the documented URL names
+    assert redis["profiles"] == ["redis"]
+    assert "6379" in redis["expose"]
+    assert "redis://redis:6379/0" in (DEPLOY / "compose" / name).read_text()
+    assert load_settings({"PROXY_STORE_URL": "redis://redis:6379/0"}).store_url
+    assert dict(volume.split(":")[:2] for volume in redis["volumes"])["redis-data"] == "/data"
 
 
 def test_compose_gpu_stack_runs_trtllm_serve_with_stream_interval_20() -> None:
@@ -339,7 +414,7 @@ def test_compose_gpu_stack_runs_trtllm_serve_with_stream_interval_20() -> None:
 
 def test_compose_simulator_variant_differs_only_in_the_upstream() -> None:
     gpu, simulator = (_compose(name)["services"] for name in COMPOSE_FILES)
-    for name in ("proxy", "prometheus", "grafana"):
+    for name in ("proxy", "prometheus", "grafana", "redis"):
         assert gpu[name] == simulator[name], name
     upstream = simulator["trtllm-serve"]
     assert "deploy" not in upstream
@@ -426,6 +501,7 @@ def test_alert_rules_cover_the_issue() -> None:
         "ResponsesRepairProxyNotReady": "proxy_ready",
         "ResponsesRepairProxyLatencyRegression": "proxy_time_to_first_content_seconds_bucket",
         "ResponsesRepairProxyOverheadHigh": "proxy_frame_overhead_seconds_bucket",
+        "ResponsesRepairProxyStoreErrors": "proxy_store_errors_total",
     }
     assert set(rules) == set(expected)
     for name, metric in expected.items():
@@ -455,6 +531,7 @@ def exposition(encoding: HarmonyEncoding) -> Iterator[str]:
         app = create_app(settings, encoding, registry=CollectorRegistry())
         with LiveServer(app) as proxy:
             assert wait_for(lambda: app.state.proxy.capability.token_ids, 10)
+            assert wait_for(app.state.renderer.ready, 30)  # its render worker is up
             assert send_traffic(proxy.url, encoding) == EXPECTED_STATUSES
             assert wait_for(lambda: app.state.proxy.in_flight == 0, 5)
             yield httpx.get(proxy.url + "/metrics", timeout=5).text

@@ -1,4 +1,4 @@
-"""The sans-IO HTTP/1.1 response reader and request writer (proxy/upstream/http1.py)."""
+"""The sans-IO HTTP/1.1 response reader (llhttp) and request writer (proxy/upstream/http1.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.upstream.http1 import MAX_HEAD_BYTES, ProtocolError, ResponseReader, request_bytes
+from proxy.upstream.http1 import (
+    LAST_CHUNK,
+    MAX_HEAD_BYTES,
+    ProtocolError,
+    ResponseReader,
+    chunk,
+    request_bytes,
+    request_head,
+)
 
 SSE = b'data: {"choices":[]}\n\n'
 CHUNKED = (
@@ -82,8 +90,7 @@ def test_read_until_close() -> None:
         b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 0\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nConnection: keep-alive, Close\r\ncontent-length: 0\r\n\r\n",
         b"HTTP/1.0 200 OK\r\ncontent-length: 0\r\n\r\n",
-        # both framings: chunked wins, and the connection must not be reused (RFC 9112 §6.3)
-        b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n",
+        b"HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 0\r\n\r\n",
     ],
 )
 def test_responses_that_end_the_connection(head: bytes) -> None:
@@ -122,6 +129,25 @@ def test_bytes_after_the_response_make_it_not_reusable() -> None:
         b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n",
         b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n",
         b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\nabc",  # llhttp: read until close
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked, chunked\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntransfer-encoding: chunked\r\n\r\n",
+        # both framings: a smuggling signature (RFC 9112 §6.3 "ought to be handled as an error")
+        b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 1\r\n\r\nx",
+        b"HTTP/1.1 200 OK\r\ncontent-length: +1\r\n\r\nx",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 99999999999999999999999\r\n\r\n",
+        # status codes outside 100-599 (llhttp takes any three digits)
+        b"HTTP/1.1 600 Odd\r\ncontent-length: 0\r\n\r\n",
+        b"HTTP/1.1 999 Odd\r\ncontent-length: 0\r\n\r\n",
+        b"HTTP/1.1 099 Odd\r\ncontent-length: 0\r\n\r\n",
+        # a 204 that announces a body
+        b"HTTP/1.1 204 No Content\r\ncontent-length: 5\r\n\r\nhello",
+        b"HTTP/1.1 204 No Content\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        # bare LF in chunk framing, a space before the chunk size's CRLF
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\nhello\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5 \r\nhello\r\n0\r\n\r\n",
         b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n",
         b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nokX\r\n",
     ],
@@ -136,8 +162,83 @@ def test_limits() -> None:
         ResponseReader().feed(b"HTTP/1.1 200 OK\r\nx: " + b"a" * MAX_HEAD_BYTES)
     reader = ResponseReader()
     reader.feed(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
-    with pytest.raises(ProtocolError, match="too long"):
+    with pytest.raises(ProtocolError, match="overflow"):
         reader.feed(b"1" * 5000)
+
+
+def head_of(size: int, body: bytes = b"") -> bytes:
+    """A complete response head of exactly `size` bytes, then `body`."""
+    start = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\nx-pad: " % len(body)
+    return start + b"a" * (size - len(start) - 4) + b"\r\n\r\n" + body
+
+
+@given(st.lists(st.integers(min_value=0), max_size=6))
+def test_a_head_over_the_limit_is_refused_whole_or_in_pieces(cuts: list[int]) -> None:
+    """Issue 12: a complete 70 KB head in one read used to get through."""
+    with pytest.raises(ProtocolError, match=f"head larger than {MAX_HEAD_BYTES} bytes"):
+        read_all(ResponseReader(), split(head_of(70_000, b"ok"), cuts))
+    at_limit = ResponseReader()
+    assert read_all(at_limit, split(head_of(MAX_HEAD_BYTES, b"ok"), cuts)) == b"ok"
+    assert at_limit.reusable
+    with pytest.raises(ProtocolError, match="head larger"):
+        read_all(ResponseReader(), split(head_of(MAX_HEAD_BYTES + 1, b"ok"), cuts))
+
+
+def test_interim_heads_count_towards_the_limit() -> None:
+    interim = b"HTTP/1.1 103 Early\r\nlink: " + b"a" * 40_000 + b"\r\n\r\n"
+    with pytest.raises(ProtocolError, match="head larger"):
+        ResponseReader().feed(interim + head_of(30_000))
+
+
+@pytest.mark.parametrize(
+    ("raw", "body"),
+    [
+        # a response smuggled after ours: never parsed as anything, never reused
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokHTTP/1.1 200 OK\r\n"
+            b"content-length: 4\r\n\r\nevil",
+            b"ok",
+        ),
+        (b"HTTP/1.1 204 No Content\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nevil", b""),
+        (b"HTTP/1.1 204 No Content\r\n\r\nhello", b""),
+        (b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nokEXTRA", b"ok"),
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\nx", b"ok"),
+    ],
+    ids=["smuggled", "204_smuggled", "204_body", "after_close", "after_chunked"],
+)
+def test_bytes_after_the_end_are_trailing_never_a_response(raw: bytes, body: bytes) -> None:
+    for pieces in ([raw], [raw[i : i + 1] for i in range(len(raw))]):
+        reader = ResponseReader()
+        assert read_all(reader, pieces) == body
+        assert reader.done
+        assert reader.trailing
+        assert not reader.reusable
+
+
+def test_the_answer_to_a_head_request_has_no_body() -> None:
+    reader = ResponseReader(head_request=True)
+    assert reader.feed(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n") == b""
+    assert reader.done
+    assert reader.reusable
+    sent_anyway = ResponseReader(head_request=True)
+    assert sent_anyway.feed(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello") == b""
+    assert sent_anyway.trailing
+    assert not sent_anyway.reusable
+
+
+def test_a_304_with_a_length_has_no_body() -> None:
+    reader = ResponseReader()
+    assert reader.feed(b"HTTP/1.1 304 Not Modified\r\ncontent-length: 5\r\n\r\n") == b""
+    assert reader.head is not None
+    assert reader.head.status == 304
+    assert reader.reusable
+
+
+def test_header_values_and_names() -> None:
+    reader = ResponseReader()
+    reader.feed(b"HTTP/1.1 200 OK\r\nX-Cafe:  caf\xe9 \t\r\nContent-Length: 0\r\n\r\n")
+    assert reader.head is not None
+    assert reader.head.headers == (("x-cafe", "café"), ("content-length", "0"))
 
 
 @pytest.mark.parametrize(
@@ -167,6 +268,17 @@ def test_request_bytes() -> None:
         b"POST /v1/completions HTTP/1.1\r\nhost: h:1\r\nx-cafe: caf\xe9\r\n"
         b"content-length: 2\r\n\r\n{}"
     )
+
+
+def test_request_heads_for_each_kind_of_body() -> None:
+    assert request_head(b"GET", b"/v1/models", [(b"host", b"h")], 0) == (
+        b"GET /v1/models HTTP/1.1\r\nhost: h\r\n\r\n"
+    )
+    assert request_head(b"POST", b"/x", [], 0) == b"POST /x HTTP/1.1\r\ncontent-length: 0\r\n\r\n"
+    assert request_head(b"POST", b"/x", [], None) == (
+        b"POST /x HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n"
+    )
+    assert chunk(b"hello") + LAST_CHUNK == b"5\r\nhello\r\n0\r\n\r\n"
 
 
 @pytest.mark.parametrize(

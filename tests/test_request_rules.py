@@ -270,19 +270,15 @@ def test_hosted_tools_are_skipped_but_echoed(encoding: HarmonyEncoding) -> None:
         system() + EMPTY_DEVELOPER + "<|start|>user<|message|>hi<|end|>" + ASSISTANT
     )
     assert prepared.echo["tools"] == [
+        # unset fields: the spec's default, or left out where it has none (issue 14)
         {
             "type": "web_search",
-            "external_web_access": None,
+            "external_web_access": True,
             "filters": None,
-            "search_context_size": None,
+            "search_context_size": "medium",
             "user_location": None,
         },
-        {
-            "type": "web_search_preview",
-            "search_content_types": None,
-            "search_context_size": "low",
-            "user_location": None,
-        },
+        {"type": "web_search_preview", "search_context_size": "low", "user_location": None},
         {"container": "cntr_1", "type": "code_interpreter", "allowed_callers": None},
     ]
 
@@ -346,7 +342,6 @@ def test_namespace_tools_render_as_their_own_namespace(encoding: HarmonyEncoding
                 "type": "function",
                 "allowed_callers": None,
                 "async": None,
-                "defer_loading": None,
                 "description": "Find a customer.",
                 "output_schema": None,
                 "parameters": {"type": "object", "properties": {"email": {"type": "string"}}},
@@ -357,7 +352,6 @@ def test_namespace_tools_render_as_their_own_namespace(encoding: HarmonyEncoding
                 "type": "function",
                 "allowed_callers": None,
                 "async": None,
-                "defer_loading": None,
                 "description": None,
                 "output_schema": None,
                 "parameters": None,
@@ -656,7 +650,6 @@ def test_codex_request_details(encoding: HarmonyEncoding) -> None:
         "context": None,
         "effort": "high",
         "generate_summary": None,
-        "mode": None,
         "summary": "auto",
     }
     assert prepared.echo["prompt_cache_key"] == clients.CODEX_FIRST["prompt_cache_key"]
@@ -710,7 +703,7 @@ def test_completion_body_sampling(encoding: HarmonyEncoding) -> None:
 
 def test_json_object_format_constrains_the_final_channel(encoding: HarmonyEncoding) -> None:
     prepared = prepare(
-        encoding, input="hi", text={"format": {"type": "json_object"}, "verbosity": "low"}
+        encoding, input="hi", text={"format": {"type": "json_object"}, "verbosity": "medium"}
     )
     assert prepared.completion_body["response_format"] == {
         "type": "structural_tag",
@@ -729,15 +722,20 @@ def test_json_object_format_constrains_the_final_channel(encoding: HarmonyEncodi
             "stop_after_first": True,
         },
     }
-    assert prepared.echo["text"] == {"format": {"type": "json_object"}, "verbosity": "low"}
+    assert prepared.echo["text"] == {"format": {"type": "json_object"}, "verbosity": "medium"}
 
 
 def test_text_format_text_and_verbosity_only(encoding: HarmonyEncoding) -> None:
     plain = prepare(encoding, input="hi", text={"format": {"type": "text"}})
     assert "response_format" not in plain.completion_body
-    assert plain.echo["text"] == {"format": {"type": "text"}, "verbosity": None}
-    verbose = prepare(encoding, input="hi", text={"verbosity": "high"})
-    assert verbose.echo["text"] == {"format": None, "verbosity": "high"}
+    assert plain.echo["text"] == {"format": {"type": "text"}}
+    medium = prepare(encoding, input="hi", text={"verbosity": "medium"})
+    assert medium.echo["text"] == {"format": {"type": "text"}, "verbosity": "medium"}
+    for other in ("low", "high"):  # gpt-oss has no verbosity control: as OpenAI answers it
+        with pytest.raises(ClientError) as caught:
+            prepare(encoding, input="hi", text={"verbosity": other})
+        assert (caught.value.param, caught.value.code) == ("text.verbosity", "unsupported_value")
+    assert prepare(encoding, input="hi").echo["text"] == {"format": {"type": "text"}}
 
 
 def test_echo_of_request_fields(encoding: HarmonyEncoding) -> None:
@@ -753,19 +751,16 @@ def test_echo_of_request_fields(encoding: HarmonyEncoding) -> None:
         max_tool_calls=3,
         parallel_tool_calls=True,
         tool_choice={"type": "function", "name": "f"},
+        tools=[{"type": "function", "name": "f"}],
         store=True,
         include=["message.output_text.logprobs"],
         stream_options={"include_obfuscation": False},
-        context_management=[{"type": "compaction", "compact_threshold": 1000}],
     )
     echo = prepared.echo
     assert (echo["metadata"], echo["user"], echo["safety_identifier"]) == ({"k": "v"}, "u1", "s1")
-    assert (echo["prompt_cache_retention"], echo["service_tier"], echo["truncation"]) == (
-        "24h",
-        "flex",
-        "auto",
-    )
-    assert (echo["max_tool_calls"], echo["parallel_tool_calls"]) == (3, True)
+    assert (echo["prompt_cache_retention"], echo["truncation"]) == ("24h", "auto")
+    assert "service_tier" not in echo  # the response names the tier used (issue 14)
+    assert (echo["max_tool_calls"], echo["parallel_tool_calls"], echo["store"]) == (3, True, True)
     assert echo["tool_choice"] == {"type": "function", "name": "f"}
     assert prepared.store is True
 
@@ -930,11 +925,15 @@ def test_echo_of_request_fields(encoding: HarmonyEncoding) -> None:
             "background",
             "'store': true",
         ),
-        ({"model": MODEL, "input": "x", "background": True}, "background", "response store"),
         (
             {"model": MODEL, "input": "x", "previous_response_id": "resp_1"},
             "previous_response_id",
-            "keeps no responses",
+            "store is off",
+        ),
+        (
+            {"model": MODEL, "input": "x", "previous_response_id": "msg_1"},
+            "previous_response_id",
+            "begins with 'resp_'",
         ),
         ({"model": MODEL, "input": "x", "conversation": "conv_1"}, "conversation", "'conv_1'"),
         ({"model": MODEL, "input": "x", "prompt": {"id": "pmpt_1"}}, "prompt", "templates"),

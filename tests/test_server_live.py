@@ -22,6 +22,7 @@ from proxy.harmony.response import CountingIds
 from proxy.server.app import create_app
 from tests.harmony import ids_of
 from tests.live import LiveServer, wait_for
+from tests.openapi import assert_response_matches_spec, spec_errors
 from tests.upstream_double import MODEL, UpstreamDouble, script_for
 from tests.wellformed import assert_well_formed
 
@@ -159,6 +160,7 @@ def test_non_streaming_answer_is_the_terminal_snapshot(
     assert answer.status_code == 200
     assert answer.headers["content-type"] == "application/json"
     snapshot = answer.json()
+    assert_response_matches_spec(snapshot)
     streamed = sse_events(post(proxy, {"model": MODEL, "input": "Hi!", "stream": True}).content)
     terminal = streamed[-1]["response"]
     for item_a, item_b in zip(snapshot["output"], terminal["output"], strict=True):
@@ -182,6 +184,7 @@ def test_upstream_error_before_first_byte_is_an_http_error(
     error = answer.json()["error"]
     assert "engine says no" in error["message"]
     assert set(error) == {"message", "type", "param", "code"}
+    assert spec_errors(answer.json(), "ErrorResponse") == []
 
 
 def _failed(events: list[dict[str, Any]], code: str) -> dict[str, Any]:
@@ -230,6 +233,7 @@ def test_non_streaming_failure_is_an_http_error(proxy: LiveServer, double: Upstr
     answer = post(proxy, {"model": MODEL, "input": "Hi"})
     assert answer.status_code == 502
     assert answer.json()["error"]["code"] == "upstream_disconnected"
+    assert spec_errors(answer.json(), "ErrorResponse") == []
 
 
 def test_unreachable_upstream_is_502_and_not_ready(encoding: HarmonyEncoding) -> None:
@@ -328,6 +332,8 @@ def test_bad_requests_never_reach_upstream(proxy: LiveServer, double: UpstreamDo
     unknown = post(proxy, {"model": MODEL, "input": "Hi", "seed": 3})
     assert unknown.status_code == 400
     assert "seed" in unknown.json()["error"]["message"]
+    assert spec_errors(unknown.json(), "ErrorResponse") == spec_errors(bad.json(), "ErrorResponse")
+    assert spec_errors(bad.json(), "ErrorResponse") == []
     assert double.completions() == []
 
 
@@ -386,9 +392,11 @@ def test_upstream_metrics_under_its_own_path(proxy: LiveServer, double: Upstream
 
 def test_health_endpoints(proxy: LiveServer, double: UpstreamDouble) -> None:
     assert httpx.get(proxy.url + "/healthz").json() == {"status": "ok"}
+    # ready once the render worker has loaded the encoding (render.py, issue 12)
+    assert wait_for(lambda: httpx.get(proxy.url + "/readyz").status_code == 200, 30)
     ready = httpx.get(proxy.url + "/readyz")
-    assert ready.status_code == 200
     assert ready.json()["token_ids"] is True
+    assert ready.json()["render_ready"] is True
     double.healthy = False
     assert httpx.get(proxy.url + "/readyz").status_code == 503
 

@@ -653,7 +653,8 @@ def test_completion_stream_frames_and_headers() -> None:
             UpstreamError,
             502,
             "upstream_error",
-            "upstream failed with HTTP 503: oops",
+            "upstream failed with HTTP 503 and an error body that is not JSON (4 bytes of no "
+            "content type; not quoted)",
         ),
         (
             sized(b"{}", b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"),
@@ -669,7 +670,13 @@ def test_completion_stream_frames_and_headers() -> None:
             "upstream_bad_response",
             "content-encoding gzip",
         ),
-        (b"HTTP/1.1 200 OK\r\nbad\r\n\r\n", UpstreamError, 502, "upstream_unreachable", ""),
+        (
+            b"HTTP/1.1 200 OK\r\nbad\r\n\r\n",
+            UpstreamError,
+            502,
+            "upstream_bad_response",
+            "upstream sent an invalid HTTP response: Invalid header token",
+        ),
         (b"", UpstreamError, 502, "upstream_unreachable", "RemoteProtocolError"),
     ],
     ids=["400", "429", "503", "json", "gzip", "bad_head", "no_answer"],

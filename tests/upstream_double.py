@@ -1,8 +1,8 @@
 """A scripted stand-in for trtllm-serve, for live tests that need exact control.
 
-It answers `/v1/completions` streams from a script (frames, pauses, garbage, cuts, statuses), the
-probe, `/health`, `/v1/models`, plus echo and SSE routes for pass-through tests, and records
-every request and when its client (the proxy) went away.
+It answers `/v1/completions` streams from a script (frames, pauses, garbage, cuts, statuses, heads
+of its choosing), the probe, `/health`, `/v1/models`, plus echo and SSE routes for pass-through
+tests, and records every request and when its client (the proxy) went away.
 """
 
 from __future__ import annotations
@@ -190,6 +190,10 @@ class UpstreamDouble:
                 continue
             if kind == "cut":
                 raise ConnectionAbortedError("scripted cut")  # uvicorn drops the connection
+            if kind == "start":  # a head of our choosing: ("start", status, [(name, value)])
+                await send({"type": "http.response.start", "status": step[1], "headers": step[2]})
+                started = True
+                continue
             if not started:
                 await send(
                     {

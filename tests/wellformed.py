@@ -1,6 +1,8 @@
 """`assert_well_formed(events)`: every rule of responses-stream-contract.md, in one place.
 
 Used at every layer: the core's events, the SSE the server writes, streams read back by clients.
+Every event, and every `response` object inside one, is also validated against OpenAI's OpenAPI
+description (`tests/openapi.py`, issue 14), so every scenario a test runs is checked against it.
 Returns the terminal response so callers can assert on it further.
 """
 
@@ -8,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
+
+from tests.openapi import assert_events_match_spec
 
 TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 ID_PREFIX = {
@@ -159,6 +163,8 @@ def assert_well_formed(events: Sequence[dict[str, Any]]) -> dict[str, Any]:
             current.text_done = text
             if current.kind == "function_call":
                 assert "<|constrain|>" not in text, f"{where}: header in arguments (rule 6)"
+                # OpenAI's spec requires the function's name on this event (issue 14).
+                assert event.get("name") == current.item["name"], f"{where}: name"
         elif kind == "response.content_part.done":
             assert current.text_done is not None, f"{where}: before the text done event"
             assert event["part"]["text"] == current.text_done, where
@@ -195,6 +201,8 @@ def assert_well_formed(events: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "response.incomplete": "incomplete",
         "response.failed": "failed",
     }[terminal["type"]]
+    if status == "failed" and response["status"] == "cancelled":
+        status = "cancelled"  # a cancelled response ends with response.failed (issue 13)
     assert response["status"] == status, f"terminal status {response['status']} != {status}"
     assert response["output"] == done_items, "snapshot output != the done items (rule 9)"
     _check_usage(response["usage"])
@@ -209,8 +217,16 @@ def assert_well_formed(events: Sequence[dict[str, Any]]) -> dict[str, Any]:
         assert response["error"]["message"]
     else:
         assert response["error"] is None
+    # The spec: `completed_at` is "only present when the status is `completed`" (issue 14).
+    if status == "completed":
+        completed_at = response.get("completed_at")
+        assert isinstance(completed_at, int | float), f"completed_at {completed_at!r}"
+        assert completed_at >= response["created_at"], "completed before it was created"
+    else:
+        assert response.get("completed_at") is None, f"completed_at on a {status} response"
     for key in ("id", "created_at", "model", "object", "output", "parallel_tool_calls"):
         assert key in response, f"snapshot lacks {key} (rule 10)"
     assert "tool_choice" in response
     assert "tools" in response
+    assert_events_match_spec(events)
     return response

@@ -67,15 +67,18 @@ class EventLog:
 # -- items -------------------------------------------------------------------------------------
 
 
-def reasoning_item(item_id: str, text: str | None, status: str) -> Item:
-    """A reasoning item; `text=None` while it is open (`content: []` in `output_item.added`)."""
+def reasoning_item(
+    item_id: str, text: str | None, status: str, encrypted_content: str | None = None
+) -> Item:
+    """A reasoning item; `text=None` while it is open (`content: []` in `output_item.added`);
+    `encrypted_content` the sealed text when the request included it (reasoning_seal.py)."""
     content = [] if text is None else [{"type": "reasoning_text", "text": text}]
     return {
         "id": item_id,
         "type": REASONING,
         "summary": [],
         "content": content,
-        "encrypted_content": None,
+        "encrypted_content": encrypted_content,
         "status": status,
     }
 
@@ -141,7 +144,10 @@ def web_search_action(recipient: str, arguments: str | None) -> dict[str, Any]:
         return {"type": "open_page", "url": text("url") or text("id")}
     if operation == "find":
         return {"type": "find_in_page", "pattern": text("pattern") or "", "url": text("url") or ""}
-    return {"type": "search", "query": text("query"), "queries": None, "sources": None}
+    # `query` only when known; `queries`/`sources` never (we run no search): OpenAI's spec gives
+    # these no null (issue 14).
+    query = text("query")
+    return {"type": "search"} if query is None else {"type": "search", "query": query}
 
 
 def web_search_event(stage: str, output_index: int, item_id: str) -> Event:
@@ -216,8 +222,9 @@ def delta(kind: str, output_index: int, item_id: str, text: str) -> Event:
     }
 
 
-def text_done(kind: str, output_index: int, item_id: str, text: str) -> Event:
-    """`output_text.done`, `reasoning_text.done` or `function_call_arguments.done`."""
+def text_done(kind: str, output_index: int, item_id: str, text: str, name: str = "") -> Event:
+    """`output_text.done`, `reasoning_text.done` or `function_call_arguments.done` (which names
+    the function: required by OpenAI's spec, issue 14)."""
     if kind == MESSAGE:
         return {
             "type": "response.output_text.done",
@@ -239,6 +246,7 @@ def text_done(kind: str, output_index: int, item_id: str, text: str) -> Event:
         "type": "response.function_call_arguments.done",
         "output_index": output_index,
         "item_id": item_id,
+        "name": name,
         "arguments": text,
     }
 

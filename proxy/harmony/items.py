@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from proxy.harmony import events as ev
-from proxy.harmony.response import IdFactory
+from proxy.harmony.response import IdFactory, Sealer
 
 # Accounting channels (the record's and the metrics' label values): a small fixed set.
 REASONING_CHANNEL = "reasoning"
@@ -37,6 +37,7 @@ class OpenItem:
         "output_index",
         "pending",
         "phase",
+        "seal",
         "text_tokens",
         "tokens",
     )
@@ -52,6 +53,7 @@ class OpenItem:
         name: str = "",
         namespace: str | None = None,
         call_id: str = "",
+        seal: Sealer | None = None,
     ) -> None:
         self.kind = kind
         self.channel = channel
@@ -61,6 +63,7 @@ class OpenItem:
         self.name = name
         self.namespace = namespace
         self.call_id = call_id
+        self.seal = seal  # reasoning: `encrypted_content` of the done item (issue 14)
         # Text as it went out: one string per flush, compacted, so an open stream holds a few
         # strings rather than one small object per token (memory per stream, issue 7).
         self.chunks: list[str] = []
@@ -99,7 +102,8 @@ class OpenItem:
             action = ev.web_search_action(self.name, text)
             return ev.web_search_item(self.item_id, action, status)
         if self.kind == ev.REASONING:
-            return ev.reasoning_item(self.item_id, text, status)
+            sealed = None if text is None or self.seal is None else self.seal([text])
+            return ev.reasoning_item(self.item_id, text, status, sealed)
         if self.kind == ev.MESSAGE:
             return ev.message_item(self.item_id, text, status, self.phase)
         return ev.function_call_item(
@@ -128,7 +132,7 @@ class OpenItem:
         if self.kind == ev.WEB_SEARCH_CALL:
             yield ev.web_search_event("completed", self.output_index, self.item_id)
         else:
-            yield ev.text_done(self.kind, self.output_index, self.item_id, text)
+            yield ev.text_done(self.kind, self.output_index, self.item_id, text, self.name)
         part = self._part(text)
         if part is not None:
             yield ev.part_done(self.output_index, self.item_id, part)
@@ -143,8 +147,10 @@ def classify(
     namespaces: frozenset[str],
     output_index: int,
     ids: IdFactory,
+    seal: Sealer | None = None,
 ) -> OpenItem:
-    """The item a completed assistant header opens (see the table in stream.py)."""
+    """The item a completed assistant header opens (see the table in stream.py); `seal` seals
+    the text of reasoning items (None: `encrypted_content` stays null)."""
     if recipient:
         if recipient.startswith("browser."):
             # What upstream's non-streaming answer gives for a browser call, on any channel.
@@ -166,9 +172,9 @@ def classify(
             )
         # python, container.* and any other tool the proxy does not run: upstream's
         # non-streaming answer shows such input as reasoning (or fails; we do not).
-        return OpenItem(ev.REASONING, TOOL_CHANNEL, output_index, ids("rs"))
+        return OpenItem(ev.REASONING, TOOL_CHANNEL, output_index, ids("rs"), seal=seal)
     if channel == "analysis":
-        return OpenItem(ev.REASONING, REASONING_CHANNEL, output_index, ids("rs"))
+        return OpenItem(ev.REASONING, REASONING_CHANNEL, output_index, ids("rs"), seal=seal)
     if channel == "commentary":
         return OpenItem(
             ev.MESSAGE, COMMENTARY_CHANNEL, output_index, ids("msg"), phase="commentary"

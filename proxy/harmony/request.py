@@ -22,15 +22,19 @@ the offending value.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from openai_harmony import HarmonyEncoding
+from openai_harmony import HarmonyEncoding, Message
 
 from proxy.errors import ClientError
 from proxy.harmony import tokens
+from proxy.harmony.reasoning_seal import ReasoningKeys
 from proxy.harmony.request_fields import Fields, read_fields
+from proxy.harmony.request_fit import fit_prompt
+from proxy.harmony.request_guided import tool_choice_format
 from proxy.harmony.request_items import input_messages
 from proxy.harmony.request_prefix import PrefixCache, render_prompt
 from proxy.harmony.request_text import read_text
@@ -51,6 +55,8 @@ class PreparedRequest:
       addresses to `NS.fn` becomes a function call `fn` in namespace `NS`.
     - `function_names`: names of the tools in the default `functions` namespace.
     - `store`: the request's `store` (default true), for the response store of a later issue.
+    - `sealed_reasoning`: the request includes `reasoning.encrypted_content`: reasoning items
+      carry their text sealed (reasoning_seal.py).
     """
 
     model: str
@@ -61,6 +67,7 @@ class PreparedRequest:
     namespaces: frozenset[str]
     function_names: frozenset[str] = frozenset()
     store: bool = True
+    sealed_reasoning: bool = False
 
 
 def parse_body(raw: bytes) -> Any:
@@ -79,23 +86,49 @@ def parse_body(raw: bytes) -> Any:
 
 
 def prepare_request(
-    body: Any, encoding: HarmonyEncoding, *, prefixes: PrefixCache | None = None
+    body: Any,
+    encoding: HarmonyEncoding,
+    *,
+    prefixes: PrefixCache | None = None,
+    reasoning_keys: ReasoningKeys | None = None,
+    max_prompt_tokens: int | None = None,
 ) -> PreparedRequest:
     """Validate a parsed `/v1/responses` body and render it (module doc); 4xx `ClientError` else.
 
     `prefixes`: a cache of rendered system + developer messages for `encoding`, owned by whoever
     owns the encoding; the prompt ids are the same with or without it, only faster on a hit.
-    A cache of another encoding is our misuse: `ValueError`, not a 400.
+    A cache of another encoding is our misuse: `ValueError`, not a 400. `reasoning_keys` open
+    the sealed reasoning of input items (None: left unread, as upstream does).
+    `max_prompt_tokens`: the model's context; the prompt and `max_output_tokens` must fit it, or
+    `truncation` drops the oldest input items (request_fit.py; None: no limit, as upstream's
+    rendering has none).
     """
     if prefixes is not None and prefixes.encoding is not encoding:
         raise ValueError("the prefix cache belongs to another HarmonyEncoding")
     fields = read_fields(body)
     toolset = read_tools(fields.tools)
     text = read_text(fields.text)
-    inputs = input_messages(fields.input)
+    # tool_choice as guided decoding (request_guided.py), holding the final answer to
+    # text.format too; with "auto" only text.format's own constraint, as upstream sends it.
+    guided = tool_choice_format(fields.tool_choice, toolset, text.final_content)
+    if guided is None:
+        guided = text.response_format
+    context = (fields.reasoning or {}).get("context")
+    inputs = input_messages(fields.input, reasoning_keys, current_turn=context == "current_turn")
+
+    def render(messages: Sequence[Message]) -> list[int]:
+        return render_prompt(
+            encoding, fields.effort, fields.instructions, toolset, messages, prefixes
+        )
+
     try:
-        prompt = render_prompt(
-            encoding, fields.effort, fields.instructions, toolset, inputs, prefixes
+        prompt = fit_prompt(
+            encoding,
+            inputs,
+            render,
+            context=max_prompt_tokens,
+            max_output_tokens=fields.max_output_tokens,
+            truncation=fields.truncation,
         )
     except ValueError as exc:
         # openai-harmony raises ValueError for a conversation it cannot render. check_json has
@@ -120,8 +153,8 @@ def prepare_request(
         "include_stop_str_in_output": True,
         "stream_options": {"include_usage": True},
     }
-    if text.response_format is not None:
-        completion_body["response_format"] = text.response_format
+    if guided is not None:
+        completion_body["response_format"] = guided
     if fields.thinking_token_budget is not None:
         completion_body["thinking_token_budget"] = fields.thinking_token_budget
     return PreparedRequest(
@@ -133,11 +166,14 @@ def prepare_request(
         namespaces=toolset.namespace_names,
         function_names=toolset.function_names,
         store=fields.store,
+        sealed_reasoning="reasoning.encrypted_content" in fields.include,
     )
 
 
-def _echo(fields: Fields, toolset: ToolSet, text: dict[str, Any] | None) -> dict[str, Any]:
-    """The response object's request-echo fields, as upstream's `ResponsesResponse.from_request`."""
+def _echo(fields: Fields, toolset: ToolSet, text: dict[str, Any]) -> dict[str, Any]:
+    """The response object's request-echo fields, as upstream's `ResponsesResponse.from_request`
+    with OpenAI's echo where it differs (issue 14): `store` echoed, `service_tier` the tier used
+    (set by `response_object`), no null where the spec's type has none."""
     return {
         "instructions": fields.instructions,
         "metadata": fields.metadata,
@@ -156,7 +192,7 @@ def _echo(fields: Fields, toolset: ToolSet, text: dict[str, Any] | None) -> dict
         "prompt_cache_retention": fields.prompt_cache_retention,
         "reasoning": fields.reasoning,
         "safety_identifier": fields.safety_identifier,
-        "service_tier": fields.service_tier,
+        "store": fields.store,
         "text": text,
         "top_logprobs": fields.top_logprobs,
         "truncation": fields.truncation,

@@ -6,15 +6,24 @@ Accepted: every field of openai-python's `ResponseCreateParams` (3.57.0), Codex'
 chat-completions parameter such as `seed`, `stop` or `frequency_penalty` — is a 400, as upstream
 answers it (fixture d25). An explicit null means "unset", as on the OpenAI wire.
 
-Fields are honoured where the proxy can (sampling, reasoning effort, instructions, tools, text
-format), echoed where the response object carries them, and otherwise ignored — never forwarded
-upstream. Those that cannot be honoured without silently changing the answer are rejected:
-`previous_response_id` and `conversation` (the proxy keeps no responses yet), `background`
-(needs that store), `prompt` (templates live on OpenAI's side; upstream rejects it too).
+No field is ignored silently (issue 14; README "Request fields" has the table): each is honoured
+(sampling, reasoning effort, instructions, tools, text format, tool_choice, include, truncation,
+`store`, `background` and `previous_response_id` through the response store of the shell, issue
+13), honoured as OpenAI's spec defines it where that is all it asks (`service_tier`: the response
+names the tier used; `max_tool_calls`: no built-in tool ever runs here), echoed where it only
+labels the response (`metadata`, `user`, `safety_identifier`, `prompt_cache_key`, …), or refused
+with a 400 naming it where honouring it is impossible and ignoring it would change what the client
+gets: `conversation` (issue 16), `prompt` (templates live on OpenAI's side), `moderation` (no
+moderation model here), `context_management` (no server-side compaction), `access_programs`,
+`background` without `store`, and values gpt-oss does not have (`reasoning.effort` other than
+low/medium/high, `reasoning.mode` other than standard, `text.verbosity` other than medium). A
+`previous_response_id` still in the body here means the store is off: the shell resolves it
+from the store and renders the merged body without it.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -80,16 +89,16 @@ RESPONSES_FIELDS = frozenset(
 #: Fields real clients add (Codex: client_metadata) and upstream's own ResponsesRequest extras.
 EXTRA_FIELDS = frozenset({"client_metadata", "thinking_token_budget", "request_id"})
 
-# Accepted but not honoured: only their JSON kind is checked.
-_IGNORED_OBJECTS = [
-    "access_programs",
-    "background_options",
-    "image",
-    "moderation",
-    "prompt_cache_options",
-    "stream_options",
-    "client_metadata",
-]
+# Accepted, and moot here (README "Request fields"): only their JSON kind is checked.
+_MOOT_OBJECTS = ["background_options", "image", "client_metadata"]
+#: Refused when set (module doc): what each would need that the proxy does not have.
+_REFUSED = {
+    "moderation": "this proxy runs no moderation model",
+    "context_management": "this proxy does no server-side compaction; truncation 'auto' drops "
+    "the oldest input items instead",
+    "access_programs": "access programs are an OpenAI account feature",
+}
+_METADATA_PAIRS, _METADATA_KEY, _METADATA_VALUE = 16, 64, 512
 _CHAT_HINTS = {
     "messages": "use 'input'",
     "max_tokens": "use 'max_output_tokens'",
@@ -97,10 +106,24 @@ _CHAT_HINTS = {
     "response_format": "use 'text.format'",
     "reasoning_effort": "use 'reasoning.effort'",
 }
+#: OpenAI's `IncludeEnum` (openai-openapi 2.3.0): anything else is a 400, as OpenAI answers it.
+INCLUDES = (
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "message.input_image.image_url",
+    "computer_call_output.output.image_url",
+    "code_interpreter_call.outputs",
+    "reasoning.encrypted_content",
+    "message.output_text.logprobs",
+)
 _EFFORTS = ("low", "medium", "high")  # gpt-oss's Harmony ReasoningEffort; others fail upstream
 _SUMMARIES = ("auto", "concise", "detailed")
+_CONTEXTS = ("auto", "current_turn", "all_turns")
 _SERVICE_TIERS = ("auto", "default", "flex", "scale", "priority", "fast", "ultrafast")
 _MAX_TOKENS = 2**31 - 1
+#: The ids of stored responses: `resp_` and up to 96 letters or digits (ours are 32 hex digits).
+_RESPONSE_ID = re.compile(r"resp_[A-Za-z0-9]{1,96}")
 
 _T = TypeVar("_T")
 
@@ -133,6 +156,8 @@ class Fields:
     truncation: str
     user: str | None
     thinking_token_budget: int | None
+    include: tuple[str, ...] = ()
+    background: bool = False
 
 
 def read_fields(value: Any) -> Fields:
@@ -155,11 +180,14 @@ def read_fields(value: Any) -> Fields:
         missing("model")
     if present(body, "input") is None:
         missing("input")
-    for key in _IGNORED_OBJECTS:
+    for key in _MOOT_OBJECTS:
         _optional(body, key, want_object)
-    _optional(body, "context_management", want_list)
-    for index, item in enumerate(_optional(body, "include", want_list) or []):
-        want_str(item, at("include", index))
+    _read_cache_options(present(body, "prompt_cache_options"))
+    _read_stream_options(present(body, "stream_options"))
+    include = tuple(
+        want_choice(item, at("include", index), INCLUDES)
+        for index, item in enumerate(_optional(body, "include", want_list) or [])
+    )
     _optional(body, "request_id", want_str)
     effort, reasoning = _read_reasoning(present(body, "reasoning"))
     return Fields(
@@ -173,30 +201,45 @@ def read_fields(value: Any) -> Fields:
         effort=effort,
         reasoning=reasoning,
         tool_choice=_read_tool_choice(present(body, "tool_choice")),
-        parallel_tool_calls=_optional(body, "parallel_tool_calls", want_bool) or False,
+        # OpenAI's default is true (upstream echoes false; issue 14). gpt-oss stops at its first
+        # call (`<|call|>` is a stop token), so at most one call per response either way.
+        parallel_tool_calls=_optional(body, "parallel_tool_calls", want_bool) is not False,
         temperature=_number(body, "temperature", 2.0),
         top_p=_number(body, "top_p", 1.0),
         max_output_tokens=_int(body, "max_output_tokens", 1, _MAX_TOKENS),
         max_tool_calls=_int(body, "max_tool_calls", 0, _MAX_TOKENS),
-        metadata=_optional(body, "metadata", want_str_map),
+        metadata=_read_metadata(present(body, "metadata")),
         prompt_cache_key=_optional(body, "prompt_cache_key", want_str),
         prompt_cache_retention=_choice(body, "prompt_cache_retention", ("in_memory", "24h")),
-        safety_identifier=_optional(body, "safety_identifier", want_str),
+        safety_identifier=_read_safety_identifier(present(body, "safety_identifier")),
         service_tier=_choice(body, "service_tier", _SERVICE_TIERS) or "auto",
         top_logprobs=_int(body, "top_logprobs", 0, 20) or 0,
         truncation=_choice(body, "truncation", ("auto", "disabled")) or "disabled",
         user=_optional(body, "user", want_str),
         thinking_token_budget=_int(body, "thinking_token_budget", 0, _MAX_TOKENS),
+        include=include,
+        background=_optional(body, "background", want_bool) or False,
     )
+
+
+def check_response_id(value: Any, path: str) -> str:
+    """A response id as the proxy makes them (`resp_` + letters and digits), else a 400 naming
+    `path` — before any store is asked (issue 13: malformed → 400, unknown → 404)."""
+    text = want_str(value, path)
+    if not _RESPONSE_ID.fullmatch(text):
+        fail(path, value, "expected an ID that begins with 'resp_'", code="invalid_value")
+    return text
 
 
 def _reject_unservable(body: dict[str, Any]) -> None:
     previous = present(body, "previous_response_id")
     if previous is not None:
+        check_response_id(previous, "previous_response_id")
         fail(
             "previous_response_id",
             previous,
-            "this proxy keeps no responses yet; send the whole conversation in 'input'",
+            "the response store is off on this proxy (store_url = off); send the whole "
+            "conversation in 'input'",
             code="unsupported_parameter",
         )
     conversation = present(body, "conversation")
@@ -214,15 +257,14 @@ def _reject_unservable(body: dict[str, Any]) -> None:
             "prompt templates are not supported",
             code="unsupported_parameter",
         )
+    for key, reason in _REFUSED.items():
+        value = present(body, key)
+        if value is not None:
+            fail(key, value, f"not supported: {reason}", code="unsupported_parameter")
     background = _optional(body, "background", want_bool)
-    if background:
-        store = _optional(body, "store", want_bool)
-        problem = (
-            "background responses require 'store': true"
-            if store is False
-            else "background responses need a response store, which this proxy does not keep yet"
-        )
-        fail("background", background, problem, code="unsupported_parameter")
+    if background and _optional(body, "store", want_bool) is False:
+        # OpenAI's rule: a background response lives in the store, or nowhere.
+        fail("background", background, "background responses require 'store': true")
 
 
 def _read_reasoning(value: Any) -> tuple[str | None, dict[str, Any] | None]:
@@ -235,13 +277,66 @@ def _read_reasoning(value: Any) -> tuple[str | None, dict[str, Any] | None]:
     for key in ("summary", "generate_summary"):
         if present(reasoning, key) is not None:
             want_choice(reasoning[key], at("reasoning", key), _SUMMARIES)
-    for key in ("context", "mode"):
-        if present(reasoning, key) is not None:
-            want_str(reasoning[key], at("reasoning", key))
-    # Echoed as upstream echoes the openai `Reasoning` model: its fields in order, then extras.
-    echo = dict.fromkeys(("context", "effort", "generate_summary", "mode", "summary"))
+    context = present(reasoning, "context")
+    if context is not None:
+        want_choice(context, at("reasoning", "context"), _CONTEXTS)
+    mode = present(reasoning, "mode")
+    if mode is not None:
+        # Any string per the spec; gpt-oss has one mode, so any other is unsupported.
+        want_choice(mode, at("reasoning", "mode"), ("standard",))
+    # Echoed as upstream echoes the openai `Reasoning` model: its fields in order, then extras;
+    # `mode` only when set (OpenAI's spec gives it no null; issue 14).
+    echo: dict[str, Any] = dict.fromkeys(
+        ("context", "effort", "generate_summary", "mode", "summary")
+    )
     echo.update(reasoning)
+    if echo["mode"] is None:
+        del echo["mode"]
     return effort, echo
+
+
+def _read_metadata(value: Any) -> dict[str, str] | None:
+    """`metadata`: at most 16 pairs, keys up to 64 and values up to 512 characters (the spec)."""
+    if value is None:
+        return None
+    metadata = want_str_map(value, "metadata")
+    if len(metadata) > _METADATA_PAIRS:
+        fail("metadata", value, f"at most {_METADATA_PAIRS} key-value pairs")
+    for key, item in metadata.items():
+        if len(key) > _METADATA_KEY:
+            fail(at("metadata", key), key, f"keys are at most {_METADATA_KEY} characters")
+        if len(item) > _METADATA_VALUE:
+            fail(at("metadata", key), item, f"values are at most {_METADATA_VALUE} characters")
+    return metadata
+
+
+def _read_safety_identifier(value: Any) -> str | None:
+    if value is None:
+        return None
+    identifier = want_str(value, "safety_identifier")
+    if len(identifier) > 64:
+        fail("safety_identifier", value, "at most 64 characters")
+    return identifier
+
+
+def _read_cache_options(value: Any) -> None:
+    """`prompt_cache_options` (checked; caching is automatic here: README "Request fields")."""
+    if value is None:
+        return
+    options = want_object(value, "prompt_cache_options")
+    for key, choices in (("ttl", ("30m",)), ("mode", ("implicit", "explicit"))):
+        if present(options, key) is not None:
+            want_choice(options[key], at("prompt_cache_options", key), choices)
+
+
+def _read_stream_options(value: Any) -> None:
+    """`stream_options.include_obfuscation` (checked; no `obfuscation` field is part of the
+    published delta events, so none is added)."""
+    if value is None:
+        return
+    options = want_object(value, "stream_options")
+    if present(options, "include_obfuscation") is not None:
+        want_bool(options["include_obfuscation"], "stream_options.include_obfuscation")
 
 
 def _read_tool_choice(value: Any) -> str | dict[str, Any]:

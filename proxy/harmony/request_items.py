@@ -25,7 +25,12 @@ Where upstream wrongly rejects or drops valid input, we render the equivalent sh
   one text content each (upstream asserts exactly one);
 - a call or output carrying `namespace` NS (a Codex namespace tool) uses `NS.NAME` instead of
   `functions.NAME`: the recipient the model wrote;
-- `item_reference` items are skipped until the proxy keeps a response store (a later issue);
+- `item_reference` items are replaced by the stored items they name before rendering (the
+  shell resolves them from the response store, issue 13, and answers 404 for an unknown id or
+  400 when the store is off); one that reaches the renderer is skipped;
+- a `reasoning` item with `encrypted_content` the proxy sealed (include
+  `reasoning.encrypted_content`, issue 14) is opened and renders exactly as the plain item with
+  those text parts; one that does not open (altered, foreign, old key) is a 400;
 - a `refusal` part renders its refusal text.
 
 gpt-oss reads text only: image, file and audio parts are rejected, as is any other item type.
@@ -37,6 +42,7 @@ from typing import Any
 
 from openai_harmony import Author, Content, Message, Role, TextContent
 
+from proxy.harmony.reasoning_seal import ReasoningKeys, SealError
 from proxy.harmony.request_check import (
     at,
     check_keys,
@@ -75,15 +81,23 @@ _MEDIA_PARTS = frozenset({"input_image", "input_file", "input_audio"})
 _REASONING_PARTS = frozenset({"reasoning_text", "text"})
 
 
-def input_messages(value: Any) -> list[Message]:
-    """Validate `input` and render it as Harmony messages (module doc)."""
+def input_messages(
+    value: Any, keys: ReasoningKeys | None = None, *, current_turn: bool = False
+) -> list[Message]:
+    """Validate `input` and render it as Harmony messages (module doc); `keys` open sealed
+    reasoning (None: `encrypted_content` is left unread, as upstream leaves it);
+    `current_turn` (`reasoning.context: "current_turn"`) leaves out the reasoning items before
+    the last user message, as OpenAI's spec defines it (otherwise all are rendered, as upstream
+    renders them)."""
     if value is None:
         missing("input")
     if isinstance(value, str):
         return [Message.from_role_and_content(Role.USER, value)]
+    items = want_list(value, "input")
+    turn_start = _last_user_message(items) if current_turn else 0
     messages: list[Message] = []
     calls: dict[str, str] = {}  # call_id → recipient of the newest function_call so far
-    for index, raw in enumerate(want_list(value, "input")):
+    for index, raw in enumerate(items):
         path = at("input", index)
         item = want_object(raw, path)
         kind = present(item, "type")
@@ -100,14 +114,25 @@ def input_messages(value: Any) -> list[Message]:
                 code="unsupported_value",
             )
         check_keys(item, ITEM_KEYS[kind], path, f"a '{kind}' input item")
-        message = _render_item(kind, item, path, calls)
+        message = _render_item(kind, item, path, calls, keys)
+        if kind == "reasoning" and index < turn_start:
+            continue  # checked like any item, then left out (reasoning.context current_turn)
         if message is not None:
             messages.append(message)
     return messages
 
 
+def _last_user_message(items: list[Any]) -> int:
+    """The index of the last user message item (0 when there is none)."""
+    for index in range(len(items) - 1, -1, -1):
+        item = items[index]
+        if isinstance(item, dict) and item.get("role") == "user":
+            return index
+    return 0
+
+
 def _render_item(
-    kind: str, item: dict[str, Any], path: str, calls: dict[str, str]
+    kind: str, item: dict[str, Any], path: str, calls: dict[str, str], keys: ReasoningKeys | None
 ) -> Message | None:
     if kind == "message":
         return _message(item, path)
@@ -134,8 +159,8 @@ def _render_item(
         contents = _output_contents(present(item, "output"), at(path, "output"))
         return Message(author=Author.new(Role.TOOL, calls[call_id]), content=contents)
     if kind == "reasoning":
-        return _reasoning(item, path)
-    _required_str(item, "id", path)  # item_reference: skipped until there is a response store
+        return _reasoning(item, path, keys)
+    _required_str(item, "id", path)  # item_reference: resolved by the shell (module doc)
     return None
 
 
@@ -189,7 +214,7 @@ def _output_contents(value: Any, path: str) -> list[Content]:
     return [TextContent(text=_part_text(part, at(path, i))) for i, part in enumerate(parts)]
 
 
-def _reasoning(item: dict[str, Any], path: str) -> Message | None:
+def _reasoning(item: dict[str, Any], path: str, keys: ReasoningKeys | None) -> Message | None:
     content = present(item, "content")
     texts: list[str] = []
     if content is not None:
@@ -208,13 +233,23 @@ def _reasoning(item: dict[str, Any], path: str) -> Message | None:
             summary.append(_required_str(want_object(raw, part_path), "text", part_path))
     encrypted = present(item, "encrypted_content")
     if encrypted is not None:
-        want_str(encrypted, at(path, "encrypted_content"))  # opaque to us: cannot be decrypted
+        want_str(encrypted, at(path, "encrypted_content"))
+        if keys is not None:
+            # What the model wrote, sealed by us: it renders as that plain item would.
+            texts = _opened(keys, encrypted, at(path, "encrypted_content"))
     if texts:
         return Message.from_role_and_contents(Role.ASSISTANT, [TextContent(text=t) for t in texts])
     joined = "\n\n".join(summary)
     if joined:
         return Message.from_role_and_content(Role.ASSISTANT, joined)
     return None
+
+
+def _opened(keys: ReasoningKeys, blob: str, path: str) -> list[str]:
+    try:
+        return keys.open(blob)
+    except SealError as exc:
+        fail(path, blob, f"cannot be opened: {exc}", code="invalid_encrypted_content")
 
 
 def _namespace(item: dict[str, Any], path: str) -> str:

@@ -15,8 +15,12 @@ with content `{"type": "json_schema", "json_schema": <schema>}` (json_object: th
 `{"type": "structural_tag", "format": <xgrammar structural-tag format>}` and turns it into
 `GuidedDecodingParams(structural_tag=response_format.model_dump_json(by_alias=True,
 exclude_none=True))`, the very call the Responses path makes, so the engine gets the same string.
-`text.format` of type `text` means no constraint; `text.verbosity` cannot be honoured by gpt-oss
-and is only echoed.
+`text.format` of type `text` means no constraint. gpt-oss has no verbosity control: `text.verbosity`
+"medium" (the default) is echoed, "low" and "high" are a 400, as OpenAI answers for such a model.
+
+The echo is what OpenAI's spec and its own responses show (issue 14): the plain-text format when
+none is given (`{"format": {"type": "text"}}`), and no key for a value the request left unset
+where the spec's type has no null (`verbosity`, a json_schema format's `description`).
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ from proxy.harmony.request_check import (
 FINAL_CHANNEL_START = "<|start|>assistant<|channel|>final<|message|>"
 
 _VERBOSITIES = ("low", "medium", "high")
+#: The format OpenAI echoes when the request sets none.
+PLAIN_TEXT = {"type": "text"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,8 +55,11 @@ class TextConfig:
     `response_format` is the `/v1/completions` `response_format` (None: unconstrained).
     """
 
-    echo: dict[str, Any] | None
+    echo: dict[str, Any]
     response_format: dict[str, Any] | None
+    #: The structural-tag content the final answer must match (None: free text), for a
+    #: `tool_choice` constraint to hold the final answer to as well (request_guided.py).
+    final_content: dict[str, Any] | None = None
 
 
 def structural_tag(content: dict[str, Any]) -> dict[str, Any]:
@@ -67,17 +76,27 @@ def structural_tag(content: dict[str, Any]) -> dict[str, Any]:
 def read_text(value: Any) -> TextConfig:
     """Validate `text` (None when absent) and map `text.format` to guided decoding."""
     if value is None:
-        return TextConfig(echo=None, response_format=None)
+        return TextConfig(echo={"format": dict(PLAIN_TEXT)}, response_format=None)
     text = want_object(value, "text")
     verbosity = present(text, "verbosity")
-    if verbosity is not None:
-        want_choice(verbosity, "text.verbosity", _VERBOSITIES)
+    if verbosity is not None and want_choice(verbosity, "text.verbosity", _VERBOSITIES) != "medium":
+        # OpenAI's answer for a model without verbosity control (issue 14): not ignored.
+        fail(
+            "text.verbosity",
+            verbosity,
+            "gpt-oss has no verbosity control; supported value is 'medium' (the default)",
+            code="unsupported_value",
+        )
     fmt = present(text, "format")
-    echo_format, response_format = (None, None) if fmt is None else _read_format(fmt)
-    # Upstream echoes the openai `ResponseTextConfig` model: format, verbosity, then extras.
-    echo = {"format": echo_format, "verbosity": verbosity}
-    echo.update((key, item) for key, item in text.items() if key not in echo)
-    return TextConfig(echo=echo, response_format=response_format)
+    echo_format, content = (dict(PLAIN_TEXT), None) if fmt is None else _read_format(fmt)
+    # The openai `ResponseTextConfig` model's order, as upstream echoes it: format, verbosity,
+    # then extras.
+    echo: dict[str, Any] = {"format": echo_format}
+    if verbosity is not None:
+        echo["verbosity"] = verbosity
+    echo.update((key, item) for key, item in text.items() if key not in ("format", "verbosity"))
+    response_format = None if content is None else _response_format(content)
+    return TextConfig(echo=echo, response_format=response_format, final_content=content)
 
 
 def _read_format(value: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -89,8 +108,10 @@ def _read_format(value: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
     if kind == "text":
         return {**fmt, "type": "text"}, None
     if kind == "json_object":
-        content = {"type": "json_schema", "json_schema": {"type": "object"}}
-        return {**fmt, "type": "json_object"}, _response_format(content)
+        return {**fmt, "type": "json_object"}, {
+            "type": "json_schema",
+            "json_schema": {"type": "object"},
+        }
     if kind != "json_schema":
         fail(
             at(path, "type"),
@@ -112,17 +133,14 @@ def _read_format(value: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
     strict = present(fmt, "strict")
     if strict is not None:
         want_bool(strict, at(path, "strict"))
-    # The openai model's field order (name, schema, type, description, strict) with wire names.
-    echo = {
-        "name": name,
-        "schema": schema,
-        "type": "json_schema",
-        "description": description,
-        "strict": strict,
-    }
-    echo.update((key, item) for key, item in fmt.items() if key not in echo)
-    content = {"type": "json_schema", "json_schema": schema}
-    return echo, _response_format(content)
+    # The openai model's field order (name, schema, type, description, strict) with wire names;
+    # `description` left out when unset (the spec's type has no null), `strict` may be null.
+    echo = {"name": name, "schema": schema, "type": "json_schema"}
+    if description is not None:
+        echo["description"] = description
+    echo["strict"] = strict
+    echo.update((key, item) for key, item in fmt.items() if key not in (*echo, "description"))
+    return echo, {"type": "json_schema", "json_schema": schema}
 
 
 def _response_format(content: dict[str, Any]) -> dict[str, Any]:

@@ -15,7 +15,10 @@ any other type. On top of that (issue 3):
   the plain function tools and calls come back without a namespace.
 
 The echo mirrors upstream's: each tool as the openai model dumps it (its fields in model order,
-defaults filled, extras after), with wire names (`async`, not Python's `async_`).
+defaults filled, extras after), with wire names (`async`, not Python's `async_`) — except that a
+field OpenAI's spec gives no null is never null (issue 14): it echoes the spec's default where
+there is one (`web_search`: `external_web_access` true, `search_context_size` "medium"), and is
+left out otherwise (`defer_loading`).
 """
 
 from __future__ import annotations
@@ -50,31 +53,45 @@ SKIPPED_TYPES = frozenset(
     }
 )
 
-# Field order and defaults of the openai 3.57.0 models upstream echoes through.
-_FUNCTION_ECHO: dict[str, Any] = dict.fromkeys(
-    [
-        *("name", "parameters", "strict", "type", "allowed_callers", "async", "defer_loading"),
-        *("description", "output_schema"),
-    ]
-)
-_NAMESPACE_MEMBER_ECHO: dict[str, Any] = dict.fromkeys(
-    [
-        *("name", "type", "allowed_callers", "async", "defer_loading", "description"),
-        *("output_schema", "parameters", "strict"),
-    ]
-)
+#: In an echo table: the key is left out while the request leaves it unset (OpenAI's spec gives it
+#: no null and no default; issue 14).
+_UNSET: Any = object()
+
+# Field order of the openai 3.57.0 models upstream echoes through, with what an unset field
+# echoes as: null where OpenAI's spec allows it, the spec's default where it has one, else
+# nothing (issue 14).
+_FUNCTION_ECHO: dict[str, Any] = {
+    **dict.fromkeys(("name", "parameters", "strict", "type", "allowed_callers", "async")),
+    "defer_loading": _UNSET,
+    **dict.fromkeys(("description", "output_schema")),
+}
+_NAMESPACE_MEMBER_ECHO: dict[str, Any] = {
+    **dict.fromkeys(("name", "type", "allowed_callers", "async")),
+    "defer_loading": _UNSET,
+    **dict.fromkeys(("description", "output_schema", "parameters", "strict")),
+}
 _HOSTED_ECHO: dict[str, dict[str, Any]] = {
-    "web_search_preview": dict.fromkeys(
-        ("type", "search_content_types", "search_context_size", "user_location")
-    ),
-    "web_search": dict.fromkeys(
-        ("type", "external_web_access", "filters", "search_context_size", "user_location")
-    ),
+    "web_search_preview": {
+        "type": None,
+        "search_content_types": _UNSET,
+        "search_context_size": _UNSET,
+        "user_location": None,
+    },
+    "web_search": {
+        "type": None,
+        "external_web_access": True,
+        "filters": None,
+        "search_context_size": "medium",
+        "user_location": None,
+    },
     "code_interpreter": dict.fromkeys(("container", "type", "allowed_callers")),
 }
-_AUTO_CONTAINER_ECHO: dict[str, Any] = dict.fromkeys(
-    ("type", "file_ids", "memory_limit", "network_policy")
-)
+_AUTO_CONTAINER_ECHO: dict[str, Any] = {
+    "type": None,
+    "file_ids": _UNSET,
+    "memory_limit": None,
+    "network_policy": _UNSET,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,8 +185,11 @@ def _read_namespace(
         ns_description = None if name == FUNCTIONS else description
         member_description = _add_member(grouped, name, ns_description, member, member_path)
         members.append(_function_echo(member, _NAMESPACE_MEMBER_ECHO, member_description))
+    # `description` is required and not nullable in OpenAI's spec: left out when unset.
     echo = {"description": description, "name": name, "tools": members, "type": "namespace"}
-    echo.update((key, item) for key, item in tool.items() if key not in echo)
+    if description is None:
+        del echo["description"]
+    echo.update((key, item) for key, item in tool.items() if key not in (*echo, "description"))
     return echo
 
 
@@ -217,7 +237,7 @@ def _chat_completions_shape(path: str) -> NoReturn:
 def _function_echo(
     tool: dict[str, Any], defaults: dict[str, Any], description: str | None
 ) -> dict[str, Any]:
-    echo = {**defaults, **tool}
+    echo = _echo(defaults, tool)
     echo["description"] = description
     echo["type"] = "function"
     return echo
@@ -231,8 +251,22 @@ def _hosted_echo(tool: dict[str, Any]) -> dict[str, Any]:
         family = "web_search"
     else:
         family = kind
-    echo = {**_HOSTED_ECHO.get(family, {}), **tool}
+    echo = _echo(_HOSTED_ECHO.get(family, {}), tool)
     container = present(tool, "container")
     if isinstance(container, dict):
-        echo["container"] = {**_AUTO_CONTAINER_ECHO, **container}
+        echo["container"] = _echo(_AUTO_CONTAINER_ECHO, container)
+    return echo
+
+
+def _echo(defaults: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """`given` in the model's key order (`defaults`), unset keys as the table says, extras after.
+    An explicit null is unset, as everywhere on the OpenAI wire."""
+    echo: dict[str, Any] = {}
+    for key, default in defaults.items():
+        value = present(given, key)
+        if value is None:
+            value = default
+        if value is not _UNSET:
+            echo[key] = value
+    echo.update((key, value) for key, value in given.items() if key not in defaults)
     return echo

@@ -10,18 +10,22 @@ seen from upstream.
 from __future__ import annotations
 
 import itertools
-import uuid
-from collections.abc import Callable, Iterator, Mapping
+import secrets
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 #: prefix ("resp", "rs", "msg", "fc", "call", …) → a new id with that prefix.
 IdFactory = Callable[[str], str]
+#: A reasoning item's text parts → its `encrypted_content` (reasoning_seal.py; issue 14).
+Sealer = Callable[[Sequence[str]], str]
 
 
 def random_id(prefix: str) -> str:
-    """The production id factory: `<prefix>_<32 hex>`, like upstream's `random_uuid()` ids."""
-    return f"{prefix}_{uuid.uuid4().hex}"
+    """The production id factory: `<prefix>_<32 hex>`, the shape of upstream's `random_uuid()`
+    ids, with all 128 bits random (a uuid4 has 122): stored responses are found by id alone,
+    so an id must not be guessable (issue 13)."""
+    return f"{prefix}_{secrets.token_hex(16)}"
 
 
 class CountingIds:
@@ -38,12 +42,15 @@ class CountingIds:
         return f"{prefix}_{next(self._counter):032x}"
 
 
-#: Request-echo fields of upstream's response object and their values when the request omits
-#: them. The request side (`request.py`) produces the overrides in `ResponseContext.echo`.
+#: Request-echo fields of the response object and their values when the request omits them. The
+#: request side (`request.py`) produces the overrides in `ResponseContext.echo`. Upstream's
+#: defaults, except where OpenAI's spec (issue 14) says otherwise: `parallel_tool_calls` defaults
+#: to true, `text` to the plain-text format, `store` is echoed, and `user` is left out when unset
+#: (the spec's type has no null).
 DEFAULT_ECHO: Mapping[str, Any] = {
     "instructions": None,
     "metadata": None,
-    "parallel_tool_calls": False,
+    "parallel_tool_calls": True,
     "temperature": 1.0,
     "tool_choice": "auto",
     "tools": [],
@@ -58,14 +65,18 @@ DEFAULT_ECHO: Mapping[str, Any] = {
     "prompt_cache_retention": None,
     "reasoning": None,
     "safety_identifier": None,
-    "service_tier": "auto",
-    "text": None,
+    "store": True,
+    "text": {"format": {"type": "text"}},
     "top_logprobs": 0,
     "truncation": "disabled",
-    "user": None,
 }
 
-#: Upstream's key order (the openai 3.57.0 `Response` model): echo keys slot in by name.
+#: The one tier this server has. The spec: "the response body will include the `service_tier`
+#: value based on the processing mode actually used to serve the request" (issue 14).
+SERVICE_TIER = "default"
+
+#: Upstream's key order (the openai 3.57.0 `Response` model): echo keys slot in by name; `store`
+#: (not in that model) where OpenAI's own responses put it.
 # fmt: off
 _KEY_ORDER = (
     "id", "access_programs", "created_at", "error", "incomplete_details", "instructions",
@@ -74,9 +85,12 @@ _KEY_ORDER = (
     "input_transformations", "max_output_tokens", "max_tool_calls", "moderation",
     "previous_response_id", "prompt", "prompt_cache_diagnostics", "prompt_cache_key",
     "prompt_cache_options", "prompt_cache_retention", "reasoning", "safety_identifier",
-    "service_tier", "status", "text", "tool_usage", "top_logprobs", "truncation", "usage", "user",
+    "service_tier", "status", "store", "text", "tool_usage", "top_logprobs", "truncation",
+    "usage", "user",
 )
 # fmt: on
+#: Keys whose type in OpenAI's spec has no null: left out while they have no value (issue 14).
+_NOT_NULLABLE = ("prompt_cache_options", "usage", "user")
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +100,10 @@ class ResponseContext:
     `echo` holds request-echo fields in wire names (`DEFAULT_ECHO` fills the rest);
     `namespaces` are the `namespace` tools the request declared, so a recipient `NS.fn` becomes a
     function call `fn` in namespace `NS`; `coalesce_deltas` merges the deltas of one item within
-    one `feed` call into one event (False: one delta event per token).
+    one `feed` call into one event (False: one delta event per token); `clock` gives
+    `completed_at` (the shell injects its wall clock; without one a response completes at its
+    `created_at`, which keeps the core deterministic); `seal` gives reasoning items their
+    `encrypted_content` when the request included it (None: null).
     """
 
     response_id: str
@@ -96,6 +113,8 @@ class ResponseContext:
     input_tokens: int = 0
     namespaces: frozenset[str] = frozenset()
     coalesce_deltas: bool = True
+    clock: Callable[[], float] | None = None
+    seal: Sealer | None = None
 
 
 def response_object(
@@ -107,8 +126,16 @@ def response_object(
     error: dict[str, Any] | None = None,
     incomplete_details: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The `response` object in upstream's key order, with the request echo applied."""
+    """The `response` object in upstream's key order, with the request echo applied.
+
+    Valid against OpenAI's spec (issue 14): `completed_at` is set exactly when `status` is
+    `completed`, `service_tier` is the tier used, and keys whose type has no null are left out
+    while unset.
+    """
     values: dict[str, Any] = {**DEFAULT_ECHO, **ctx.echo}
+    completed_at = None
+    if status == "completed":
+        completed_at = ctx.created_at if ctx.clock is None else float(int(ctx.clock()))
     values.update(
         id=ctx.response_id,
         created_at=ctx.created_at,
@@ -119,7 +146,12 @@ def response_object(
         usage=usage,
         error=error,
         incomplete_details=incomplete_details,
+        completed_at=completed_at,
+        service_tier=SERVICE_TIER,
     )
     ordered = {key: values.pop(key, None) for key in _KEY_ORDER}
     ordered.update(values)  # echo fields newer than upstream's model go last
+    for key in _NOT_NULLABLE:
+        if ordered[key] is None:
+            del ordered[key]
     return ordered

@@ -193,6 +193,19 @@ class ResponseStream:
         self._end_of_tokens()
         return self._fail(code, message, None)
 
+    def cancel(self) -> list[ev.Event]:
+        """The response was cancelled (`POST /v1/responses/{id}/cancel`, or its client went
+        away): close open items as incomplete and end with `response.failed` carrying status
+        `cancelled` — OpenAI's event set has no `response.cancelled` (issue 13)."""
+        self._require(_Phase.STREAMING, "cancel")
+        self._end_of_tokens()
+        if self._open is not None:
+            self._close(self._open, "incomplete")
+        self._status = "cancelled"
+        self._emit(ev.response_event("response.failed", self._snapshot()))
+        self._phase = _Phase.ENDED
+        return self._log.take()
+
     @property
     def ended(self) -> bool:
         return self._phase is _Phase.ENDED
@@ -319,6 +332,7 @@ class ResponseStream:
             namespaces=self._ctx.namespaces,
             output_index=len(self._output),
             ids=self._ids,
+            seal=self._ctx.seal,
         )
         item.tokens = self._message_tokens
         self._open = item

@@ -2,8 +2,11 @@
 
 app.py          the app factory: routes, lifespan (owns the upstream client), health, metrics
 repair.py       the repaired `/v1/responses`: render, stream token ids through the core, write
+render.py       the Renderer seam: cheap bodies inline, the rest in worker processes (issue 12)
+render_worker.py  the worker process: prepare_request over a pipe
+budget.py       the global budget for request bodies being read and rendered (issue 12)
 passthrough.py  everything else, to upstream untouched
 asgi.py         small ASGI blocks: bounded body reads, JSON answers, disconnects, headers
 selfcheck.py    deltas against the terminal snapshot, on every stream
-runner.py       uvicorn on uvloop, draining on SIGTERM, the metrics port, the simulator
+runner.py       uvicorn on uvloop, the drain on SIGTERM, the metrics port, the simulator
 """

@@ -2,8 +2,11 @@
 
 POST /v1/responses   repaired when the model is in the repair set (repair.py), else passed on
 GET  /healthz        liveness: 200, or 503 once draining
-GET  /readyz         readiness: upstream reachable (its /health) and able to return token ids
+GET  /readyz         readiness: upstream reachable (its /health) and able to return token ids,
+                     a render worker up (render.py), not draining
 GET  /metrics        Prometheus metrics of the proxy
+*    /v1/responses/…   the stored responses (responses_api.py, issue 13), on the store the
+                     lifespan opens from `store_url` (background runs: background.py)
 *    /upstream/metrics  upstream's own /metrics (JSON iteration stats), passed through
 *    anything else   passed through to upstream untouched (passthrough.py)
 """
@@ -12,10 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -28,16 +34,24 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.types import Receive, Scope, Send
 
+from proxy import vocab
 from proxy.config import Settings
-from proxy.errors import ClientError, ProxyError
+from proxy.errors import ClientError, ProxyError, UnavailableError
+from proxy.harmony.reasoning_seal import ReasoningKeys
 from proxy.harmony.request import parse_body
 from proxy.harmony.request_prefix import PrefixCache
 from proxy.harmony.response import IdFactory, random_id
 from proxy.logs import get_logger
 from proxy.metrics import Metrics
-from proxy.server import asgi, passthrough
+from proxy.server import asgi, passthrough, responses_api
+from proxy.server.background import Background
+from proxy.server.budget import BodyBudget, discard_body, read_body
 from proxy.server.forwarding import ForwardingMiddleware
+from proxy.server.render import InlineRenderer, Renderer, RenderPool
+from proxy.server.render_worker import RenderOptions
 from proxy.server.repair import RepairDeps, ServerState, serve_repaired
+from proxy.server.stateful import Stateful
+from proxy.store import OFF, Store, StoreError, open_store
 from proxy.upstream.client import Upstream
 
 #: Seconds between capability probes while upstream is not (yet) able to serve us.
@@ -75,9 +89,15 @@ def create_app(
     monotonic: Callable[[], float] = time.monotonic,
     state: ServerState | None = None,
     logger: logging.Logger | None = None,
+    renderer: Renderer | None = None,
+    reasoning_keys: ReasoningKeys | None = None,
+    store: Store | None = None,
 ) -> Starlette:
     """Build the proxy app. Every seam is a parameter: the upstream transport, the metrics
-    registry, ids and clocks, the shared state (draining), the logger."""
+    registry, ids and clocks, the shared state (draining), the logger, the renderer (default:
+    a `RenderPool` of `render_workers` processes, or inline when that is 0), the keys that seal
+    reasoning (default: `settings.reasoning_keys`, else one random key, with a warning), the
+    response store (None: the lifespan opens the one `store_url` names)."""
     if settings.upstream_url is None:
         raise ValueError("create_app needs settings.upstream_url (serve starts the simulator)")
     registry = registry or CollectorRegistry()
@@ -90,9 +110,31 @@ def create_app(
     def log(message: str, **fields: Any) -> None:
         log_to.info(message, extra=fields)
 
+    if reasoning_keys is None and settings.reasoning_keys:
+        reasoning_keys = ReasoningKeys(settings.reasoning_keys)
+    if reasoning_keys is None:
+        # Issue 14: sealed reasoning must work out of the box, but a key made here dies with
+        # the process and differs per replica: say so once (never the key itself).
+        reasoning_keys = ReasoningKeys.generate()
+        log_to.warning(
+            "reasoning key generated",
+            extra={
+                "detail": "no reasoning_keys set: encrypted_content blobs will not open after "
+                "a restart or on another replica (set PROXY_REASONING_KEYS)"
+            },
+        )
+
     upstream = Upstream(
         settings.upstream_url, connect_timeout=settings.connect_timeout, transport=transport
     )
+    prefixes = PrefixCache(encoding)
+    if renderer is None:
+        options = RenderOptions(reasoning_keys, settings.max_prompt_tokens)
+        renderer = _renderer(settings, encoding, prefixes, options, metrics, log)
+    budget = BodyBudget(settings.body_budget_bytes, settings.body_budget_wait)
+    stateful = None
+    if store is not None or settings.store_url != OFF:
+        stateful = Stateful(settings, metrics, ids=ids, clock=clock, logger=log_to)
     deps = RepairDeps(
         settings=settings,
         encoding=encoding,
@@ -101,10 +143,15 @@ def create_app(
         state=state,
         log=log,
         ids=ids,
-        prefixes=PrefixCache(encoding),
+        prefixes=prefixes,
+        reasoning_keys=reasoning_keys,
         clock=clock,
         monotonic=monotonic,
+        renderer=renderer,
+        stateful=stateful,
     )
+    background = Background(deps) if stateful is not None else None
+    deps = dataclasses.replace(deps, background=background)
 
     async def probe_forever() -> None:
         last = None
@@ -129,8 +176,28 @@ def create_app(
                 last = capability
             await asyncio.sleep(PROBE_PERIOD if capability.token_ids else PROBE_RETRY)
 
+    async def open_the_store() -> None:
+        if stateful is None:
+            return
+        opened = store
+        if opened is None:
+            try:
+                opened = await open_store(
+                    settings.store_url,
+                    data_dir=Path(settings.data_dir),
+                    max_bytes=settings.store_max_bytes,
+                    clock=clock,
+                )
+            except StoreError as exc:
+                raise RuntimeError(f"cannot open the response store: {exc}") from exc
+        assert opened is not None  # `off` made no Stateful
+        stateful.start(opened)
+        log_to.info("response store", extra={"backend": opened.kind})
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await renderer.start()
+        await open_the_store()
         probe = asyncio.create_task(probe_forever())
         try:
             yield
@@ -138,7 +205,26 @@ def create_app(
             probe.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await probe
+            if background is not None:
+                await background.aclose(settings.drain_timeout)
+            if stateful is not None:
+                await stateful.aclose()
+            await renderer.aclose()
             await upstream.aclose()
+
+    def counted(
+        handler: Callable[[Scope, Receive, Send], Awaitable[None]],
+    ) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
+        """Count the requests being handled: the drain waits for none (runner.py)."""
+
+        async def run(scope: Scope, receive: Receive, send: Send) -> None:
+            state.active += 1
+            try:
+                await handler(scope, receive, send)
+            finally:
+                state.active -= 1
+
+        return run
 
     async def responses(scope: Scope, receive: Receive, send: Send) -> None:
         started = monotonic()
@@ -147,34 +233,60 @@ def create_app(
         if scope["method"] != "POST":
             await _forward(scope, inbound, send, request_id, started)
             return
-        try:
-            raw = await inbound.body(settings.max_body_bytes)
-            asgi.require_json(scope)
-            body = parse_body(raw)
-        except asgi.ClientDisconnected:
-            metrics.disconnects.labels("before_upstream").inc()
+        if state.draining:  # issue 12: a new request during the drain goes to another replica
+            error = UnavailableError(
+                "the proxy is shutting down; retry on another replica",
+                code="server_shutting_down",
+            )
+            if _body_coming(scope):
+                await discard_body(inbound, settings.max_body_bytes)
+            await _reject(send, error, request_id, started, close=True)
             return
-        except ClientError as error:
-            await _reject(send, error, request_id, started)
-            return
-        model = body.get("model")
-        if isinstance(model, str) and not settings.repairs(model):
-            await _forward(scope, inbound, send, request_id, started, body=raw)
-            return
-        if not state.capability.token_ids and settings.passthrough_when_incapable:
-            await _forward(scope, inbound, send, request_id, started, body=raw)
-            return
-        await serve_repaired(deps, scope, inbound, send, body, request_id, started)
+        # The body is read, parsed and rendered within its share of the body budget (budget.py).
+        async with budget.reservation() as hold:
+            try:
+                raw = await read_body(scope, inbound, hold, settings.max_body_bytes)
+                asgi.require_json(scope)
+                body = parse_body(raw)
+            except asgi.ClientDisconnected:
+                metrics.disconnects.labels("before_upstream").inc()
+                return
+            except (ClientError, UnavailableError) as error:
+                close = error.status == 413 and not _body_coming(scope)
+                if isinstance(error, UnavailableError) and _body_coming(scope):
+                    hold.release()
+                    await discard_body(inbound, settings.max_body_bytes)
+                await _reject(send, error, request_id, started, close=close)
+                return
+            model = body.get("model")
+            if (isinstance(model, str) and not settings.repairs(model)) or (
+                not state.capability.token_ids and settings.passthrough_when_incapable
+            ):
+                hold.release()
+                await _forward(scope, inbound, send, request_id, started, body=raw)
+                return
+            del raw  # not kept for the life of the stream
+            await serve_repaired(
+                deps, scope, inbound, send, body, request_id, started, on_prepared=hold.release
+            )
 
-    async def _reject(send: Send, error: ProxyError, request_id: str, started: float) -> None:
-        await asgi.send_error(send, error, [(b"x-request-id", request_id.encode())])
-        metrics.requests.labels("responses", "unknown", "client_error", "other").inc()
+    async def _reject(
+        send: Send, error: ProxyError, request_id: str, started: float, *, close: bool = False
+    ) -> None:
+        headers = [(b"x-request-id", request_id.encode())]
+        if error.status in (429, 503):
+            headers.append((b"retry-after", b"1"))
+        if close:
+            headers.append((b"connection", b"close"))
+        await asgi.send_error(send, error, headers)
+        outcome = "rejected" if error.status == 503 else "client_error"
+        metrics.requests.labels("responses", "unknown", outcome, "other").inc()
         log(
             "request",
             request_id=request_id,
             route="/v1/responses",
             status=error.status,
-            outcome="client_error",
+            outcome=outcome,
             error=error.code or error.error_type,
             duration_ms=round((monotonic() - started) * 1000, 2),
         )
@@ -197,6 +309,7 @@ def create_app(
             metrics=metrics,
             request_id=request_id,
             timeout=settings.first_token_timeout,
+            idle_timeout=settings.idle_timeout,
             send_timeout=settings.send_timeout,
             max_body_bytes=settings.max_body_bytes,
             log=log,
@@ -230,7 +343,10 @@ def create_app(
                     detail = f"upstream /health answered {answer}"
             except httpx.HTTPError as exc:
                 detail = f"upstream /health unreachable: {type(exc).__name__}"
-        ready = reachable and state.capability.token_ids and not state.draining
+        rendering = renderer.ready()
+        if not rendering and reachable:
+            detail = "no render worker is ready yet"
+        ready = reachable and state.capability.token_ids and rendering and not state.draining
         metrics.ready.set(1 if ready else 0)
         body = {
             "ready": ready,
@@ -238,6 +354,7 @@ def create_app(
             "upstream": settings.upstream_url,
             "upstream_reachable": reachable,
             "token_ids": state.capability.token_ids,
+            "render_ready": rendering,
             "detail": "draining" if state.draining else detail,
         }
         return JSONResponse(body, status_code=200 if ready else 503)
@@ -245,13 +362,17 @@ def create_app(
     async def prometheus(request: Request) -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
+    async def forward_unknown(scope: Scope, receive: Receive, send: Send) -> None:
+        await _forward(scope, asgi.Inbound(receive), send, asgi.request_id(scope), monotonic())
+
     app = Starlette(
         routes=[
-            Route("/v1/responses", _Raw(responses), methods=None),
+            Route("/v1/responses", _Raw(counted(responses)), methods=None),
+            *responses_api.routes(deps, forward_unknown),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", prometheus, methods=["GET"]),
-            Mount("/", everything_else),
+            Mount("/", counted(everything_else)),
         ],
         # Forwarding headers set from the connection, never the client's (issue 12).
         middleware=[Middleware(ForwardingMiddleware, trusted_proxies=settings.trusted_proxies)],
@@ -260,4 +381,45 @@ def create_app(
     app.state.proxy = state
     app.state.metrics = metrics
     app.state.registry = registry
+    app.state.renderer = renderer
     return app
+
+
+def _body_coming(scope: Scope) -> bool:
+    """Whether the client is sending a body we have not read. Refused before reading it, a
+    connection is closed only when none is on its way (`Expect: 100-continue` waits for our
+    word; no body at all): closing on unread bytes resets the connection, and the client may
+    lose our answer. Otherwise uvicorn reads and drops the rest of the body."""
+    length = None
+    for name, value in scope["headers"]:
+        if name == b"expect" and value.lower() == b"100-continue":
+            return False
+        if name == b"transfer-encoding":
+            return True
+        if name == b"content-length":
+            length = value
+    return length is not None and length.strip() != b"0"
+
+
+def _renderer(
+    settings: Settings,
+    encoding: HarmonyEncoding,
+    prefixes: PrefixCache,
+    options: RenderOptions,
+    metrics: Metrics,
+    log: Callable[..., None],
+) -> Renderer:
+    """The default renderer: `render_workers` processes, loading the vocab this process loaded."""
+    if settings.render_workers == 0:
+        return InlineRenderer(encoding, prefixes, options)
+    return RenderPool(
+        encoding,
+        vocab.loaded_dir(os.environ),
+        workers=settings.render_workers,
+        timeout=settings.render_timeout,
+        queue=settings.render_queue,
+        prefixes=prefixes,
+        options=options,
+        log=log,
+        on_render=lambda path, outcome: metrics.renders.labels(path, outcome).inc(),
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Iterable
@@ -71,6 +72,30 @@ def require_json(scope: Scope) -> None:
 
 class ClientDisconnected(Exception):
     """The client closed the connection; nothing can be sent any more."""
+
+
+class ResponseAborted(Exception):
+    """Raised out of the app to abort a response whose head is sent and whose body cannot be
+    finished (upstream's broke): the client must see the truncation, never a clean end.
+
+    ASGI has no abort. uvicorn closes the connection when the app raises after the response
+    started — before the last chunk of a chunked body, or short of its Content-Length, so the
+    client's HTTP parser reports the truncation — and logs "Exception in ASGI application".
+    The app has logged and counted the failure already; `quiet_aborts` drops exactly that
+    second record (issue 12)."""
+
+
+class _QuietAborts(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], ResponseAborted))
+
+
+def quiet_aborts(logger: logging.Logger | None = None) -> None:
+    """Keep uvicorn (its `uvicorn.error` logger) from logging our `ResponseAborted` as an
+    unhandled exception; every other record passes. Installed by the runner; idempotent."""
+    target = logger or logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _QuietAborts) for f in target.filters):
+        target.addFilter(_QuietAborts())
 
 
 class SendTimeout(OSError):

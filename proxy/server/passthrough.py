@@ -8,14 +8,16 @@ client's request are used, never a host or an absolute URL it names.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import AsyncIterator, Callable
 
 from starlette.types import Scope, Send
 
-from proxy.errors import ProxyError
+from proxy.errors import ProxyError, UpstreamError
 from proxy.metrics import CLIENT_TIMEOUT, Metrics
 from proxy.server import asgi
 from proxy.upstream.client import Upstream, end_to_end
+from proxy.upstream.stream import MalformedResponseError, Response, StreamError
 
 
 def target_of(scope: Scope, path_prefix_strip: str = "") -> str:
@@ -37,6 +39,24 @@ def _has_body(scope: Scope) -> bool:
     return False
 
 
+def _content_length(scope: Scope) -> int | None:
+    """The client's Content-Length (its body goes up as is), or None (chunked, then)."""
+    for name, value in scope["headers"]:
+        if name == b"content-length" and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+class _Cut(Exception):
+    """Upstream's answer broke after our head was sent; `kind` is the metric label, `timeout`
+    the `proxy_timeouts_total` kind of a stall."""
+
+    def __init__(self, kind: str, message: str, timeout: str | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.timeout = timeout
+
+
 async def forward(
     scope: Scope,
     inbound: asgi.Inbound,
@@ -46,6 +66,7 @@ async def forward(
     metrics: Metrics,
     request_id: str,
     timeout: float,
+    idle_timeout: float,
     send_timeout: float,
     max_body_bytes: int,
     log: Callable[..., None],
@@ -54,45 +75,71 @@ async def forward(
     body: bytes | None = None,
     path_prefix_strip: str = "",
 ) -> None:
-    """Pass one request through; `body` when it was already read (a /v1/responses we skip)."""
+    """Pass one request through; `body` when it was already read (a /v1/responses we skip).
+
+    Upstream faults end cleanly (issue 12). Before our head is sent, upstream unreachable, too
+    slow (`timeout`) or answering something that is no valid response is a JSON error (502,
+    504). After it, a body that is cut, malformed, stalled (nothing for `timeout` from the
+    request, then `idle_timeout` between reads) or followed by stray bytes aborts the
+    response (`asgi.ResponseAborted`: the client's connection closes short of the end, never a
+    clean end that hides the loss). Either way: this request's one log line and one count in
+    `proxy_upstream_errors_total`.
+    """
     target = target_of(scope, path_prefix_strip)
     headers = [
         *[(n, v) for n, v in asgi.header_pairs(scope) if n.lower() != asgi.REQUEST_ID],
         (asgi.REQUEST_ID, request_id),
     ]
-    if body is None:
-        body = b"" if not _has_body(scope) else None
-        if body is not None:
-            await inbound.body(max_body_bytes)  # consume the (empty) request message
-    content = body if body is not None else inbound.stream_body(max_body_bytes)
+    length = None
+    content: bytes | AsyncIterator[bytes]
+    if body is not None:
+        content = body
+    elif _has_body(scope):
+        content, length = inbound.stream_body(max_body_bytes), _content_length(scope)
+    else:
+        await inbound.body(max_body_bytes)  # consume the (empty) request message
+        content = b""
     status = 502
+    head_sent = False
     timed_send = asgi.with_send_timeout(send, send_timeout)
 
     async def relay() -> None:
-        nonlocal status
+        nonlocal status, head_sent
         async with upstream.forward(
-            scope["method"], target, headers, content, timeout=timeout
+            scope["method"], target, headers, content, length=length, timeout=timeout
         ) as answer:
-            status = answer.status_code
+            status = answer.status
             response_headers = [
                 (name.encode("latin-1"), value.encode("latin-1"))
-                for name, value in end_to_end(answer.headers.multi_items())
-                if name.lower() != asgi.REQUEST_ID
+                for name, value in end_to_end(answer.head.headers)
+                if name != asgi.REQUEST_ID
             ]
             response_headers.append((b"x-request-id", request_id.encode()))
             await timed_send(
                 {"type": "http.response.start", "status": status, "headers": response_headers}
             )
-            async for chunk in answer.aiter_raw():
-                await timed_send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await timed_send({"type": "http.response.body", "body": b"", "more_body": False})
+            head_sent = True
+            first = max(0.0, started + timeout - monotonic())
+            await _relay_body(answer, timed_send, first, idle_timeout)
 
     disconnected = False
+    error: str | None = None
     try:
         disconnected = await asgi.run_until_disconnect(inbound, relay())
-    except ProxyError as error:
-        status = error.status
-        await asgi.send_error(send, error, [(b"x-request-id", request_id.encode())])
+    except _Cut as cut:
+        error = cut.kind
+        metrics.upstream_errors.labels(cut.kind).inc()
+        if cut.timeout is not None:
+            metrics.timeouts.labels(cut.timeout).inc()
+    except ProxyError as failure:  # before our head: a JSON error
+        status = failure.status
+        error = failure.code or failure.error_type
+        if isinstance(failure, UpstreamError):
+            kind = "timeout" if failure.code == "upstream_timeout" else error
+            metrics.upstream_errors.labels(kind).inc()
+            if kind == "timeout":
+                metrics.timeouts.labels("first_byte").inc()
+        await asgi.send_error(send, failure, [(b"x-request-id", request_id.encode())])
     except asgi.ClientDisconnected:
         disconnected = True
     except asgi.SendTimeout:
@@ -108,6 +155,34 @@ async def forward(
         method=scope["method"],
         path=scope["path"],
         status=status,
+        error=error,
+        aborted=head_sent and error is not None,
         disconnected=disconnected,
         duration_ms=round((monotonic() - started) * 1000, 2),
     )
+    if head_sent and error is not None:
+        raise asgi.ResponseAborted(f"upstream's answer broke: {error}")
+
+
+async def _relay_body(answer: Response, send: Send, first: float, idle: float) -> None:
+    """Upstream's body to the client as it arrives; `_Cut` when it breaks."""
+    wait, stall = first, "first_token"
+    while True:
+        try:
+            async with asyncio.timeout(wait):
+                data = await answer.read()
+        except TimeoutError:
+            raise _Cut("timeout", f"upstream sent no body for {wait:g} s", stall) from None
+        except MalformedResponseError as exc:
+            raise _Cut("upstream_bad_response", f"upstream's body is malformed: {exc}") from exc
+        except StreamError as exc:
+            raise _Cut("upstream_disconnected", f"upstream's body was cut: {exc}") from exc
+        if answer.trailing:
+            # Its length was wrong, or a response was smuggled after it. Checked before the
+            # last bytes go out, so that even a Content-Length answer ends visibly short.
+            raise _Cut("upstream_bad_response", "upstream sent bytes after the end of its answer")
+        if not data:
+            break
+        await send({"type": "http.response.body", "body": data, "more_body": True})
+        wait, stall = idle, "idle"
+    await send({"type": "http.response.body", "body": b"", "more_body": False})

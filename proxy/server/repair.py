@@ -10,6 +10,11 @@ One `Exchange` per request. Its life:
                                                                         frame, until exactly one
                                                                         terminal event
 
+With the response store (issue 13), `previous_response_id` and `item_reference` are resolved
+and merged before rendering (stateful.py), every event batch goes to the exchange's `Recorder`
+on its way out (the terminal batch is stored before the client sees it), and `background: true`
+hands the exchange to background.py, which runs it with no client.
+
 `response.created`/`in_progress` go out as soon as upstream accepted the request, before its
 first token. After that every failure — upstream cut, `{"error": …}` frame, malformed frame,
 first-token or idle timeout, `[DONE]` without a finish, shutdown — ends the stream with the
@@ -20,26 +25,40 @@ core's `error` + `response.failed`. A client that goes away cancels the exchange
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
+import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from openai_harmony import HarmonyEncoding
 from starlette.types import Scope, Send
 
 from proxy import sse
 from proxy.config import Settings
-from proxy.errors import ClientError, ProxyError, UpstreamError
-from proxy.harmony.request import PreparedRequest, prepare_request
+from proxy.errors import ClientError, ProxyError, UnavailableError, UpstreamError
+from proxy.harmony.reasoning_seal import ReasoningKeys
+from proxy.harmony.request import PreparedRequest
 from proxy.harmony.request_prefix import PrefixCache
 from proxy.harmony.response import IdFactory, ResponseContext
 from proxy.harmony.stream import ResponseStream
 from proxy.metrics import CLIENT_TIMEOUT, Metrics
 from proxy.server import asgi
+from proxy.server.background import answer_background
+from proxy.server.render import Renderer
 from proxy.server.selfcheck import SelfCheck
+from proxy.server.stateful import Context, refuse_without_store, scope_of
 from proxy.upstream.client import Capability, Frames, Upstream
 from proxy.upstream.completions import FrameError
+
+T = TypeVar("T")
+
+if TYPE_CHECKING:
+    from proxy.server.background import Background
+    from proxy.server.recording import Recorder
+    from proxy.server.stateful import Stateful
 
 _UNKNOWN = Capability(False, False, "upstream not probed yet")
 
@@ -50,6 +69,8 @@ class ServerState:
 
     capability: Capability = _UNKNOWN
     in_flight: int = 0
+    #: Requests being handled on the proxy's own routes (app.py), for the drain (runner.py).
+    active: int = 0
     draining: bool = False
     #: True once the drain period is over: open streams end with `response.failed`.
     force_end: bool = False
@@ -77,8 +98,45 @@ class RepairDeps:
     ids: IdFactory
     #: Rendered system + developer prompts, shared by the requests of one app.
     prefixes: PrefixCache
+    #: Validation + rendering, off the event loop (render.py, issue 12); it opens input
+    #: reasoning with the same keys and applies `max_prompt_tokens`.
+    renderer: Renderer
+    #: Seal `encrypted_content` of output reasoning items (issue 14).
+    reasoning_keys: ReasoningKeys
     clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
+    #: The response store's side of the shell (None: `store_url = off`) and the background
+    #: runs (issue 13).
+    stateful: Stateful | None = None
+    background: Background | None = None
+
+
+async def until_drained(state: ServerState, work: Awaitable[T]) -> T:
+    """`await work`, unless the drain period ends first: then 503 `server_shutting_down`
+    (issue 12: a request still rendering or waiting for upstream's head at the drain timeout
+    gets a JSON 503, never a 500 from uvicorn's cancellation)."""
+    timer: asyncio.Timeout | None = None
+
+    def interrupt() -> None:
+        if timer is not None and not timer.expired():
+            timer.reschedule(asyncio.get_running_loop().time())
+
+    state.interrupts.add(interrupt)
+    try:
+        if state.force_end:
+            raise TimeoutError
+        async with asyncio.timeout(None) as timer:
+            return await work
+    except TimeoutError:
+        if not state.force_end:
+            raise
+        raise UnavailableError(
+            "the proxy is shutting down; retry on another replica", code=_SHUTTING_DOWN
+        ) from None
+    finally:
+        state.interrupts.discard(interrupt)
+        if asyncio.iscoroutine(work):
+            work.close()  # never awaited when the drain had already ended
 
 
 class _End(Exception):
@@ -106,10 +164,13 @@ class Exchange:
     snapshot: dict[str, Any] | None = None
     #: The client has its whole answer (the terminal event, or the JSON body).
     delivered: bool = False
+    #: Where the events of a stored response go (issue 13); None: not stored.
+    recorder: Recorder | None = None
+    ctx: ResponseContext = field(init=False)
 
     def __post_init__(self) -> None:
         deps, prepared = self.deps, self.prepared
-        ctx = ResponseContext(
+        self.ctx = ctx = ResponseContext(
             response_id=deps.ids("resp"),
             created_at=float(int(deps.clock())),
             model=prepared.model,
@@ -117,8 +178,14 @@ class Exchange:
             input_tokens=len(prepared.prompt_token_ids),
             namespaces=prepared.namespaces,
             coalesce_deltas=deps.settings.delta_mode == "coalesce",
+            clock=deps.clock,  # completed_at (issue 14)
+            seal=deps.reasoning_keys.seal if prepared.sealed_reasoning else None,
         )
         self.core = ResponseStream(deps.encoding, ctx, deps.ids)
+
+    @property
+    def response_id(self) -> str:
+        return self.ctx.response_id
 
     # -- the two answers: an event stream, or one JSON object --------------------------------
 
@@ -126,7 +193,7 @@ class Exchange:
         headers = [*asgi.SSE_HEADERS, (b"x-request-id", self.request_id.encode())]
         # make the parsers while upstream reads the request (they cost ~0.35 ms)
         asyncio.get_running_loop().call_soon(self.core.warm_up)
-        async with self._upstream() as frames:
+        async with self._opened() as frames:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             self.phase = "before_first_token"
             await self._write(send, self.core.start())
@@ -149,16 +216,20 @@ class Exchange:
         """`stream: false`: the same path, answered with the terminal snapshot as JSON."""
         # make the parsers while upstream reads the request (they cost ~0.35 ms)
         asyncio.get_running_loop().call_soon(self.core.warm_up)
-        async with self._upstream() as frames:
+        async with self._opened() as frames:
             self.phase = "before_first_token"
-            self.selfcheck.observe(self.core.start())
+            started = self.core.start()
+            self.selfcheck.observe(started)
+            await self._keep(started)
             try:
                 async for events in self._pump(frames, keepalive=False):
                     self.selfcheck.observe(events)
                     self._note(events)
+                    await self._keep(events)
             except _End as end:
                 self.selfcheck.observe(end.events)
                 self._note(end.events)
+                await self._keep(end.events)
                 message = end.events[-2]["message"]
                 status = 504 if self.error_code == "upstream_timeout" else 502
                 raise UpstreamError(message, status=status, code=self.error_code) from None
@@ -170,6 +241,12 @@ class Exchange:
         self.delivered = True
 
     # -- the pump ---------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _opened(self) -> AsyncIterator[Frames]:
+        """Upstream's stream; the wait for its head ends with a 503 at the drain's end."""
+        async with contextlib.AsyncExitStack() as stack:
+            yield await until_drained(self.deps.state, stack.enter_async_context(self._upstream()))
 
     def _upstream(self) -> Any:
         # The client's own X-Request-Id is replaced by ours (the same when it was a sane one),
@@ -187,6 +264,12 @@ class Exchange:
         """Yield the events of each upstream frame ([] = time for a keepalive) until the core
         ended; raise `_End` with the failure events when the stream breaks.
 
+        Both deadlines count from the last *token* (issue 12): the first token within
+        `first_token_timeout` of the request, each next one within `idle_timeout` of the one
+        before. Frames without tokens (empty ones, the usage frame) reset neither, so an
+        upstream that sends one token and then empty frames for ever still ends in
+        `upstream_timeout`. Keepalives count from the last bytes written to the client.
+
         The wait for a frame is one `await` under a deadline (`Frames` is cancel-safe), so a
         frame reaches the core one event-loop wake-up after its bytes: no task or
         `asyncio.wait` per frame. The drain's end expires the current wait at once."""
@@ -201,33 +284,29 @@ class Exchange:
         state.interrupts.add(interrupt)
         deadline = self.started + settings.first_token_timeout
         timeout_kind = "first_token"
+        ping_every = settings.keepalive_interval if keepalive else math.inf
+        ping_at = deps.monotonic() + ping_every
         try:
             while not core.ended:
                 if state.force_end:
                     self._fail(_SHUTTING_DOWN, "the proxy is shutting down")
                 now = deps.monotonic()
-                wait = max(0.0, deadline - now)
-                if keepalive:
-                    wait = min(wait, settings.keepalive_interval)
-                try:
-                    async with asyncio.timeout(wait) as timer:
-                        frame = await frames.__anext__()
-                except TimeoutError:
-                    if state.force_end:
-                        self._fail(_SHUTTING_DOWN, "the proxy is shutting down")
-                    if deps.monotonic() >= deadline:
-                        deps.metrics.timeouts.labels(timeout_kind).inc()
-                        limit = (
-                            settings.first_token_timeout
-                            if timeout_kind == "first_token"
-                            else settings.idle_timeout
-                        )
-                        what = "first token" if timeout_kind == "first_token" else "next frame"
-                        self._fail(
-                            "upstream_timeout", f"upstream sent no {what} within {limit:g} s"
-                        )
+                if now >= deadline:
+                    deps.metrics.timeouts.labels(timeout_kind).inc()
+                    if timeout_kind == "first_token":
+                        limit, what = settings.first_token_timeout, "first token"
+                    else:
+                        limit, what = settings.idle_timeout, "next token"
+                    self._fail("upstream_timeout", f"upstream sent no {what} within {limit:g} s")
+                if now >= ping_at:
+                    ping_at = now + ping_every
                     yield []
                     continue
+                try:
+                    async with asyncio.timeout(min(deadline, ping_at) - now) as timer:
+                        frame = await frames.__anext__()
+                except TimeoutError:
+                    continue  # a deadline, a keepalive, or the drain's end: see above
                 except StopAsyncIteration:
                     self._fail(
                         "upstream_incomplete",
@@ -248,13 +327,14 @@ class Exchange:
                     if frame.token_ids:
                         self.phase = "streaming"
                         timeout_kind = "idle"
+                        deadline = arrived + settings.idle_timeout
                 if frame.finish_reason is not None:
                     events += core.finish(frame.finish_reason, frame.stop_reason)
-                if timeout_kind == "idle":  # empty frames do not end the wait for a first token
-                    deadline = arrived + settings.idle_timeout
                 if events:
                     yield events
-                    deps.metrics.frame_overhead.observe(deps.monotonic() - arrived)
+                    sent = deps.monotonic()
+                    ping_at = sent + ping_every
+                    deps.metrics.frame_overhead.observe(sent - arrived)
                     core.account()  # the recovery accounting, once the events are out
                 if frame.token_ids or frame.finish_reason is None:
                     deps.metrics.tokens_per_frame.observe(len(frame.token_ids))
@@ -268,7 +348,26 @@ class Exchange:
             self.deps.metrics.upstream_errors.labels(kind).inc()
         raise _End(self.core.fail(code, message))
 
+    async def _keep(self, events: list[dict[str, Any]]) -> None:
+        """Hand a batch to the recorder: at once, or — the terminal batch — stored first."""
+        recorder = self.recorder
+        if recorder is None:
+            return
+        if self.core.ended:
+            await recorder.finish(events)
+        else:
+            recorder.add(events)
+
+    def settle(self) -> list[dict[str, Any]]:
+        """The exchange stopped early (client gone, error before its first byte, shutdown):
+        the events that end its stored copy — `cancelled` once it had started."""
+        if self.phase == "before_upstream" or self.core.ended:
+            return []
+        return self.core.cancel()
+
     async def _write(self, send: Send, events: list[dict[str, Any]]) -> None:
+        if self.recorder is not None:
+            await self._keep(events)
         await send(
             {"type": "http.response.body", "body": sse.encode_all(events), "more_body": True}
         )
@@ -319,8 +418,11 @@ async def serve_repaired(
     body: dict[str, Any],
     request_id: str,
     started: float,
+    *,
+    on_prepared: Callable[[], None] | None = None,
 ) -> None:
-    """Serve a parsed `/v1/responses` body whose model is in the repair set."""
+    """Serve a parsed `/v1/responses` body whose model is in the repair set. `on_prepared` is
+    called once the body is rendered (or refused): the app's body budget then lets it go."""
     metrics, state, settings = deps.metrics, deps.state, deps.settings
     stream = body.get("stream") is True
     stream_label = "true" if stream else "false"
@@ -328,8 +430,23 @@ async def serve_repaired(
     id_header = [(b"x-request-id", request_id.encode())]
     exchange: Exchange | None = None
     outcome = "client_error"
+    stateful = deps.stateful
+    scope_key = scope_of(scope["headers"], settings.store_scope_header)
+    context: Context | None = None
+
+    render = functools.partial(render_body, deps)
     try:
-        prepared = prepare_request(body, deps.encoding, prefixes=deps.prefixes)
+        try:
+            if stateful is not None:
+                prepared, context = await until_drained(
+                    state, stateful.prepare(body, scope_key, render)
+                )
+            else:
+                refuse_without_store(body)
+                prepared = await until_drained(state, render(body))
+        finally:
+            if on_prepared is not None:
+                on_prepared()
         if not state.capability.token_ids:
             raise UpstreamError(
                 f"cannot repair: {state.capability.detail}",
@@ -345,10 +462,18 @@ async def serve_repaired(
                 code="too_many_streams",
             )
         exchange = Exchange(deps, prepared, request_id, started, asgi.header_pairs(scope))
+        queued: dict[str, Any] | None = None
+        if context is not None and stateful is not None and prepared.store:
+            if context.background and deps.background is not None:
+                queued = await deps.background.launch(exchange, context, scope_key)
+            else:
+                exchange.recorder = stateful.recorder(exchange.response_id, scope_key, context)
     except ProxyError as error:
         if isinstance(error, UpstreamError):
             outcome = "upstream_error"
-        extra = [(b"retry-after", b"1")] if error.status == 429 else []
+        elif isinstance(error, UnavailableError):
+            outcome = "rejected"
+        extra = [(b"retry-after", b"1")] if error.status in (429, 503) else []
         await asgi.send_error(send, error, [*id_header, *extra])
         metrics.requests.labels(
             "responses", stream_label, outcome, metrics.model_label(model)
@@ -365,6 +490,9 @@ async def serve_repaired(
         )
         return
 
+    if queued is not None:  # it runs in background.py, counted and logged there
+        await answer_background(deps, scope_key, queued, inbound, send, id_header, stream)
+        return
     state.in_flight += 1
     metrics.in_flight.inc()
     disconnected = False
@@ -380,6 +508,9 @@ async def serve_repaired(
             exchange.status = error.status
             exchange.error_code = error.code
             outcome = "client_error" if isinstance(error, ClientError) else "upstream_error"
+            if isinstance(error, UnavailableError):
+                outcome = "rejected"
+                id_header = [*id_header, (b"retry-after", b"1")]
             if error.code and not counted:
                 kind = "timeout" if error.code == "upstream_timeout" else error.code
                 if isinstance(error, UpstreamError):
@@ -403,12 +534,29 @@ async def serve_repaired(
     finally:
         state.in_flight -= 1
         metrics.in_flight.dec()
+        if exchange.recorder is not None and not exchange.recorder.finished:
+            # Ended early (client gone, error before the first byte): so does its stored copy.
+            await exchange.recorder.finish(exchange.settle(), wait=False)
     _finish(deps, exchange, outcome, stream_label, model, started, body)
+
+
+async def render_body(deps: RepairDeps, body: dict[str, Any]) -> PreparedRequest:
+    """The one place a request body becomes a prompt — a create, a `previous_response_id`
+    merge, an `input_tokens` count alike (issue 13: the same body, the same prompt ids), off
+    the event loop when it is costly (the renderer, issue 12)."""
+    return await deps.renderer.prepare(body)
+
+
+def finish_exchange(
+    deps: RepairDeps, exchange: Exchange, outcome: str, stream_label: str, model: str, body: Any
+) -> None:
+    """Count and log an exchange that ran without a client of its own (background.py)."""
+    _finish(deps, exchange, outcome, stream_label, model, exchange.started, body)
 
 
 def _outcome(exchange: Exchange) -> str:
     status = exchange.core.record().status
-    return status if status in ("completed", "incomplete", "failed") else "failed"
+    return status if status in ("completed", "incomplete", "failed", "cancelled") else "failed"
 
 
 def _finish(

@@ -1,11 +1,25 @@
 """Running the proxy: uvicorn with draining on SIGTERM, the optional metrics port, and the
 built-in simulator as upstream when none is configured.
 
-Draining (issue 5): the first SIGTERM/SIGINT marks the proxy as draining (`/healthz` and
-`/readyz` answer 503, `proxy_draining` 1) and lets uvicorn stop accepting connections while
-in-flight requests go on. After `drain_timeout` seconds, streams still open are ended by the
-core with `error` + `response.failed` (never cut without a terminal event). A second signal
-exits at once.
+Draining (issues 5 and 12), what Kubernetes can rely on. At the first SIGTERM/SIGINT:
+
+1. at once: `/healthz` and `/readyz` answer 503, `proxy_draining` is 1, and every new
+   `POST /v1/responses` gets a JSON 503 `server_shutting_down` with `Retry-After` and
+   `Connection: close`. The listener stays open, so probes and late clients get an answer,
+   not a refused connection;
+2. requests in flight go on, until none is left (and `drain_linger` seconds have passed since
+   the signal) or until `drain_timeout`, whichever comes first;
+3. at `drain_timeout`, open streams end with `error` + `response.failed` (`server_shutting_down`)
+   and requests still rendering or waiting for upstream's head get a JSON 503 (`until_drained` in
+   repair.py); up to `_END_GRACE` seconds are given for those last bytes;
+4. then uvicorn closes the listener and the idle connections, waits at most
+   `_UVICORN_GRACE` for anything left (only a pass-through or a client that stopped reading
+   could be), and the lifespan ends the render workers and the upstream client.
+
+So the process exits at most `drain_timeout` + `EXIT_MARGIN` (2 s) after the signal, with nothing
+cancelled by uvicorn in the normal case (it used to log "Cancel N running task(s)" and answer
+waiters 500).
+A second signal stops at once.
 """
 
 from __future__ import annotations
@@ -27,12 +41,19 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from proxy.config import Settings
+from proxy.server import asgi
 from proxy.server.app import create_app
 from proxy.server.guard import http_guard
 from proxy.server.repair import ServerState
 
-#: Extra seconds uvicorn waits after the drain period for streams to write their last events.
-_DRAIN_GRACE = 5.0
+#: Seconds given to streams ended at the drain timeout to write their terminal events.
+_END_GRACE = 0.5
+#: Seconds uvicorn then waits for what is left before cancelling it (timeout_graceful_shutdown).
+_UVICORN_GRACE = 1
+#: The process exits at most this many seconds after `drain_timeout` (issue 12; the deploy
+#: files' preStop, probes and terminationGracePeriodSeconds are checked against it):
+#: `_END_GRACE` + `_UVICORN_GRACE` + two of uvicorn's 0.1 s ticks + the lifespan's end.
+EXIT_MARGIN = 2.0
 
 
 class QuietServer(uvicorn.Server):
@@ -45,24 +66,50 @@ class QuietServer(uvicorn.Server):
 
 
 class DrainingServer(uvicorn.Server):
-    """uvicorn.Server whose first exit signal starts a drain instead of a hard stop."""
+    """uvicorn.Server whose first exit signal starts a drain (module doc) instead of a stop."""
 
-    def __init__(self, config: uvicorn.Config, state: ServerState, drain_timeout: float) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        state: ServerState,
+        drain_timeout: float,
+        drain_linger: float = 0.0,
+    ) -> None:
         super().__init__(config)
         self._state = state
         self._drain_timeout = drain_timeout
+        self._drain_linger = min(drain_linger, drain_timeout)
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain: asyncio.Task[None] | None = None
 
     async def serve(self, sockets: list[object] | None = None) -> None:  # type: ignore[override]
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)  # type: ignore[arg-type]
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if not self._state.draining and self._loop is not None:
-            self._state.draining = True
-            loop = self._loop
-            loop.call_soon_threadsafe(loop.call_later, self._drain_timeout, self._state.end_all)
-        super().handle_exit(sig, frame)
+        if self._state.draining or self._loop is None:
+            super().handle_exit(sig, frame)  # a second signal: stop now
+            return
+        self._state.draining = True
+        self._loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        assert self._loop is not None
+        self._drain = self._loop.create_task(self.drain())
+
+    async def drain(self) -> None:
+        """Steps 2-3 of the module doc, then let uvicorn stop (step 4)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._drain_timeout
+        await asyncio.sleep(self._drain_linger)
+        while self._state.active and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        if self._state.active:
+            self._state.end_all()
+            grace = loop.time() + _END_GRACE
+            while self._state.active and loop.time() < grace:
+                await asyncio.sleep(0.01)
+        self.should_exit = True
 
 
 def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -114,6 +161,9 @@ async def serve(settings: Settings, encoding: HarmonyEncoding, logger: logging.L
     state = ServerState()
     registry = CollectorRegistry()
     app = create_app(settings, encoding, state=state, registry=registry, logger=logger)
+    # A pass-through answer that upstream breaks after our head is aborted by raising
+    # `ResponseAborted` (logged and counted by the app already): not an error for uvicorn.
+    asgi.quiet_aborts()
     # Client-side HTTP limits and forwarding (issue 12): guard.py, forwarding.py.
     guard = http_guard(settings, app.state.metrics, logger)
     config = uvicorn.Config(
@@ -123,11 +173,12 @@ async def serve(settings: Settings, encoding: HarmonyEncoding, logger: logging.L
         log_config=None,
         access_log=False,
         lifespan="on",
-        timeout_graceful_shutdown=int(settings.drain_timeout + _DRAIN_GRACE),
+        # The drain is ours (DrainingServer): uvicorn's own wait only covers what is left.
+        timeout_graceful_shutdown=_UVICORN_GRACE,
         server_header=False,
         **guard.uvicorn_options(),
     )
-    server = DrainingServer(config, state, settings.drain_timeout)
+    server = DrainingServer(config, state, settings.drain_timeout, settings.drain_linger)
     side = None
     if settings.metrics_port is not None:
         side = QuietServer(

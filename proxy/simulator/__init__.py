@@ -23,6 +23,9 @@ back: upstream_requests.py) and streams through its model of upstream's emission
 (`proxy.harmony.unpatched`): checked frame for frame and byte for byte against recordings of the
 real server (`tests/fixtures/trtllm-oracle/`, `tests/fixtures/trtllm-prompts/`).
 `/v1/chat/completions` is a plain, correct Harmony chat (chat.py), not a model of upstream's.
+A `/v1/completions` `response_format` of type `structural_tag` is enforced (guided.py): the
+scripted model writes the first of its answers the format accepts, as a masked engine steers
+gpt-oss, and replayed ids that break it are refused with a 400.
 
 Outputs become available on the engine's schedule (first output after `first_token_seconds`,
 each further one `token_seconds` per token later), whether or not sending kept up; a client

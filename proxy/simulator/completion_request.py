@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from proxy.simulator import validation as v
+from proxy.simulator.guided import Constraint, GuidedError, read_constraint
 
 _STREAM_OPTIONS = v.model(
     "StreamOptions",
@@ -106,6 +107,8 @@ class CompletionParams:
     skip_special_tokens: bool
     logprobs: int | None
     echo: bool
+    #: The guided-decoding constraint of `response_format` (guided.py), None: unconstrained.
+    constraint: Constraint | None = None
 
 
 def read_completion_request(body: Any) -> CompletionParams:
@@ -141,4 +144,12 @@ def read_completion_request(body: Any) -> CompletionParams:
         skip_special_tokens=fields["skip_special_tokens"],
         logprobs=fields["logprobs"] or None,
         echo=bool(fields["echo"]),
+        constraint=_constraint(fields["response_format"]),
     )
+
+
+def _constraint(response_format: dict[str, Any] | None) -> Constraint | None:
+    try:
+        return read_constraint(response_format)
+    except GuidedError as exc:  # upstream: xgrammar's Format model rejects it, a 400
+        raise HandlerError(str(exc)) from exc

@@ -16,6 +16,7 @@ from proxy.simulator.engine import (
     group,
     split_at,
 )
+from proxy.simulator.guided import Constraint, GuidedError
 from proxy.simulator.options import Options
 from proxy.simulator.records import SimulatorState
 
@@ -33,16 +34,21 @@ def run_generation(
     sampling: Sampling,
     *,
     split: Iterable[int] = (),
+    constraint: Constraint | None = None,
 ) -> tuple[Generation, list[EngineOutput]]:
     """Generate for `prompt_ids` and cut the result into engine outputs, split at `split`
-    (token counts where faults fire)."""
+    (token counts where faults fire). The scripted model is steered by `constraint` (guided
+    decoding); replayed ids that break it raise `GuidedError`."""
     config = state.config
     source: Iterable[int]
     if options.replay is not None:
         source = options.replay
     else:
         source = state.model.generate(
-            prompt_ids, min_tokens=options.sim_tokens, preamble=options.preamble
+            prompt_ids,
+            min_tokens=options.sim_tokens,
+            preamble=options.preamble,
+            constraint=constraint,
         )
     generation = generate(
         source,
@@ -50,6 +56,8 @@ def run_generation(
         limit=config.max_seq_len - len(prompt_ids),
         return_in_ids=stop_kept(options, config.return_in_ids),
     )
+    if constraint is not None and options.replay is not None:
+        _check_replay(state, generation, constraint)
     grouping = Grouping(
         stream_interval=options.stream_interval,
         uneven=options.uneven,
@@ -59,3 +67,13 @@ def run_generation(
     )
     pacing = Pacing(config.first_token_seconds, config.token_seconds)
     return generation, split_at(group(generation, grouping, pacing), split)
+
+
+def _check_replay(state: SimulatorState, generation: Generation, constraint: Constraint) -> None:
+    text = state.model.guided_text(generation.raw_ids)
+    cut = generation.finish_reason == "length"
+    if not (constraint.accepts_prefix(text) if cut else constraint.accepts(text)):
+        raise GuidedError(
+            "the replayed ids break the request's response_format (a real engine would not "
+            "have generated them)"
+        )

@@ -15,6 +15,11 @@ reads the prompt (`prompt.py`) and writes, as token ids:
     <|start|>assistant<|channel|>final<|message|>{answer}<|return|>
         otherwise: an answer quoting the last user message, or using the tool's answer
 
+Given a guided-decoding constraint (`guided.py`), the model writes the first of its candidate
+answers the constraint accepts, as a masked engine steers gpt-oss: the answer above, a call to
+each other declared function in turn, a prose final answer, a JSON final answer made from the
+constraint's schema. None accepted is `GuidedError`.
+
 The texts carry unicode on purpose (accents, CJK, emoji that take several tokens each, so a
 character is split across tokens and often across engine outputs). `min_tokens` pads reasoning
 and answer with filler sentences (a fixed list, in turn) until it has at least that many tokens.
@@ -39,6 +44,7 @@ import orjson
 from openai_harmony import HarmonyEncoding
 
 from proxy.harmony.tokens import CALL, CHANNEL, CONSTRAIN, END, MESSAGE, RETURN, START
+from proxy.simulator.guided import Constraint, GuidedError, json_instance
 from proxy.simulator.prompt import Function, Prompt, read_prompt
 
 Piece = str | int  # text, or a special token id
@@ -74,24 +80,56 @@ class ScriptedModel:
         self._filler = [self._encode(" " + sentence) for sentence in FILLER]
 
     def complete(
-        self, prompt_ids: Sequence[int], *, min_tokens: int | None = None, preamble: bool = False
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        min_tokens: int | None = None,
+        preamble: bool = False,
+        constraint: Constraint | None = None,
     ) -> Completion:
-        """The completion this model writes for `prompt_ids`."""
+        """The completion this model writes for `prompt_ids`, steered by `constraint`."""
         prompt = read_prompt(self._encoding, prompt_ids)
-        plan = _plan(prompt, preamble)
+        plan = self._steered(prompt, preamble, constraint)
         completion = self._render(plan)
         if min_tokens is not None and len(completion.token_ids) < min_tokens:
             completion = self._padded(plan, min_tokens, len(completion.token_ids))
         return completion
 
     def generate(
-        self, prompt_ids: Sequence[int], *, min_tokens: int | None = None, preamble: bool = False
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        min_tokens: int | None = None,
+        preamble: bool = False,
+        constraint: Constraint | None = None,
     ) -> Iterator[int]:
         """The completion's ids, then what the model writes when nothing stops it (module doc);
         endless: the engine takes what it needs."""
-        completion = self.complete(prompt_ids, min_tokens=min_tokens, preamble=preamble)
+        completion = self.complete(
+            prompt_ids, min_tokens=min_tokens, preamble=preamble, constraint=constraint
+        )
         yield from completion.token_ids
         yield from self.continuation(completion)
+
+    def guided_text(self, token_ids: Sequence[int]) -> str:
+        """The text a constraint matches: specials as their text, without the end-of-sequence
+        token (xgrammar's stop token, not grammar text)."""
+        ids = list(token_ids)
+        if ids and ids[-1] == RETURN:
+            ids.pop()
+        return self._encoding.decode(ids)
+
+    def _steered(
+        self, prompt: Prompt, preamble: bool, constraint: Constraint | None
+    ) -> list[_Message]:
+        plans = _plans(prompt, preamble, constraint)
+        first = next(plans)
+        if constraint is None:
+            return first
+        for plan in itertools.chain([first], plans):
+            if constraint.accepts(self.guided_text(self._render(plan).token_ids)):
+                return plan
+        raise GuidedError("the scripted model has no answer that this response_format accepts")
 
     def continuation(self, completion: Completion) -> Iterator[int]:
         """What follows the completion's last token when the engine does not stop there."""
@@ -123,7 +161,7 @@ class ScriptedModel:
         """Filler sentences added to the reasoning (half the missing tokens) and to the last
         message when it is the answer (the rest), until the completion is long enough."""
         reasoning, last = plan[0], plan[-1]
-        targets = [reasoning, last] if last.channel == "final" else [reasoning]
+        targets = [reasoning, last] if last.channel == "final" and not last.json else [reasoning]
         missing = min_tokens - length
         shares = [missing // len(targets)] * len(targets)
         shares[-1] += missing % len(targets)
@@ -165,6 +203,7 @@ class _Message:
     channel: str
     text: str
     recipient: str | None = None
+    json: bool = False  # a JSON answer: never padded with filler
 
     def pieces(self) -> list[Piece]:
         if self.recipient is not None:  # a function call: JSON arguments, stopped by <|call|>
@@ -208,6 +247,30 @@ def _plan(prompt: Prompt, preamble: bool) -> list[_Message]:
         *_preamble(preamble, "Let me think about that for a moment… ⏳"),
         _Message("final", f"You asked: “{question}”. Here is my answer: ¡hola! 你好 🎉 ✅"),
     ]
+
+
+def _plans(
+    prompt: Prompt, preamble: bool, constraint: Constraint | None
+) -> Iterator[list[_Message]]:
+    """The answer this model wants, then the ones a constraint may steer it to (module doc)."""
+    yield _plan(prompt, preamble)
+    question = _quote(prompt.user_text) or "(nothing)"
+    for function in prompt.functions:
+        arguments = orjson.dumps(_arguments(function, prompt.user_text)).decode()
+        yield [
+            _Message("analysis", f"The user asks: “{question}”. I should call {function.name}."),
+            *_preamble(preamble, "Let me look that up for you… ⏳"),
+            _Message("commentary", arguments, recipient=f"functions.{function.name}"),
+        ]
+    yield _plan(Prompt(prompt.user_text, (), prompt.tool_name, prompt.tool_output), preamble)
+    schema = None if constraint is None else constraint.json_schema()
+    if schema is not None:
+        answer = orjson.dumps(json_instance(schema)).decode()
+        yield [
+            _Message("analysis", f"The user asks: “{question}”. I answer in the JSON asked for."),
+            *_preamble(preamble, "Writing the JSON… ⏳"),
+            _Message("final", answer, json=True),
+        ]
 
 
 def _preamble(wanted: bool, text: str) -> list[_Message]:

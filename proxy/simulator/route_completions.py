@@ -19,6 +19,7 @@ from proxy.simulator.completion_request import (
 from proxy.simulator.engine import EngineOutput, Sampling
 from proxy.simulator.faults import stream_faults
 from proxy.simulator.generation import run_generation, stop_kept
+from proxy.simulator.guided import GuidedError
 from proxy.simulator.options import Options
 from proxy.simulator.shell import SSE_CONTENT_TYPE, Exchange, FaultPlan, answer_body, fire
 from proxy.simulator.validation import RequestValidationError, error_body, json_error
@@ -59,7 +60,13 @@ async def serve_completions(exchange: Exchange, options: Options, raw: bytes) ->
         ignore_eos=params.ignore_eos,
     )
     plan = FaultPlan(stream_faults(options.faults, data_frames=True))
-    _, outputs = run_generation(state, prompt_ids, options, sampling, split=plan.positions)
+    try:
+        _, outputs = run_generation(
+            state, prompt_ids, options, sampling, split=plan.positions, constraint=params.constraint
+        )
+    except GuidedError as exc:
+        await exchange.json(400, error_body(str(exc), 400))
+        return
     writer = CompletionWriter(
         state.encoding,
         params,

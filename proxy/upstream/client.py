@@ -3,7 +3,9 @@ requests passed through untouched.
 
 The completion stream of every repaired request, the one call that runs per upstream frame, goes
 through the lean HTTP/1.1 client of `proxy.upstream.stream` (issue 7: less CPU per frame and
-memory per open stream than httpx); the probe, `/health` and pass-through use httpx.
+memory per open stream than httpx), and so does pass-through (issue 12: its llhttp parser and
+pool never let a malformed answer's stray bytes reach the next request); the probe and
+`/health` use httpx.
 
 Errors before the first byte become `UpstreamError`/`ClientError` (an HTTP error for our client);
 errors once frames flow become `FrameError` (the shell turns them into `response.failed`).
@@ -15,8 +17,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Mapping
-from contextlib import asynccontextmanager, suppress
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,8 +27,20 @@ import orjson
 
 from proxy.errors import ClientError, UpstreamError
 from proxy.sse import Message, SSEDecoder
-from proxy.upstream.completions import Frame, FrameError, error_message, parse_frame
-from proxy.upstream.stream import ConnectTimeout, Response, StreamClient, StreamError
+from proxy.upstream.completions import (
+    Frame,
+    FrameError,
+    describe_error_body,
+    error_message,
+    parse_frame,
+)
+from proxy.upstream.stream import (
+    ConnectTimeout,
+    MalformedResponseError,
+    Response,
+    StreamClient,
+    StreamError,
+)
 
 #: Hop-by-hop headers (RFC 9110 §7.6.1) and those httpx sets itself: never forwarded.
 HOP_BY_HOP = frozenset(
@@ -47,7 +61,12 @@ HOP_BY_HOP = frozenset(
 _REPLACED = ("content-type", "content-length", "content-encoding", "accept", "accept-encoding")
 #: A frame larger than this is not a trtllm frame: fail instead of buffering without bound.
 MAX_FRAME_BYTES = 8 * 1024 * 1024
-_ERROR_BODY_LIMIT = 64 * 1024
+#: Error bodies (a 4xx/5xx answer to /v1/completions) are read for at most this long after
+#: their head, and never past the request's own first-token deadline: a 503 whose body never
+#: ends is answered in this time, not when the timeouts of a stream run out (issue 12).
+ERROR_BODY_SECONDS = 2.0
+#: ... and up to this size: a message is short; more is not an error object we can quote.
+ERROR_BODY_LIMIT = 64 * 1024
 #: Seconds an idle upstream connection is kept for reuse. Below the 5 s after which uvicorn
 #: (trtllm-serve's server) closes idle connections: at httpx's default, also 5 s, a request
 #: could be written into a connection the server was closing, and failed with a ReadError
@@ -81,9 +100,9 @@ class Capability:
 
 
 class Upstream:
-    """trtllm-serve at `base_url`. The streamed `/v1/completions` of repaired requests goes
-    through the lean `StreamClient` (`streams`, injectable); everything else through httpx,
-    whose `transport` is injectable (tests, the in-process simulator)."""
+    """trtllm-serve at `base_url`. The streamed `/v1/completions` of repaired requests and
+    the requests passed through go through the lean `StreamClient` (`streams`, injectable);
+    the probe and `/health` through httpx, whose `transport` is injectable."""
 
     def __init__(
         self,
@@ -92,8 +111,10 @@ class Upstream:
         connect_timeout: float,
         transport: httpx.AsyncBaseTransport | None = None,
         streams: StreamClient | None = None,
+        error_body_seconds: float = ERROR_BODY_SECONDS,
     ) -> None:
         self.base_url = base_url
+        self._error_body_seconds = error_body_seconds
         # One certificate store for both clients (httpx's: SSL_CERT_FILE / SSL_CERT_DIR, else
         # certifi), and no HTTP(S)_PROXY for either: upstream is the server next to us (a
         # sidecar's localhost, a cluster service), and the completion streams cannot go through
@@ -136,9 +157,11 @@ class Upstream:
         no answer within `timeout`: 504, 5xx or not an event stream: 502) before the first frame.
         The frames raise `FrameError` when the connection breaks or a frame is oversize.
         """
+        deadline = asyncio.get_running_loop().time() + timeout
         response = await self._open(body, headers, timeout)
         try:
-            await _check_status(response)
+            left = deadline - asyncio.get_running_loop().time()
+            await _check_status(response, max(0.0, min(self._error_body_seconds, left)))
             content_type = response.head.get("content-type")
             if not content_type.startswith("text/event-stream"):
                 raise UpstreamError(
@@ -170,9 +193,22 @@ class Upstream:
                 ("accept-encoding", "identity"),
             ]
         )
+        return await self._send("POST", "/v1/completions", wire, orjson.dumps(body), None, timeout)
+
+    async def _send(
+        self,
+        method: str,
+        target: str,
+        wire: list[tuple[bytes, bytes]],
+        body: bytes | AsyncIterable[bytes],
+        length: int | None,
+        timeout: float,
+    ) -> Response:
+        """One request on the lean client, its failures before the head as `UpstreamError`s.
+        Errors of a streamed body's source (our client's 413, its disconnect) pass as they are."""
         try:
             async with asyncio.timeout(timeout):
-                return await self._streams.send("POST", "/v1/completions", wire, orjson.dumps(body))
+                return await self._streams.send(method, target, wire, body, length=length)
         except TimeoutError:
             raise UpstreamError(
                 f"upstream did not answer within {timeout:g} s",
@@ -185,28 +221,11 @@ class Upstream:
                 status=504,
                 code="upstream_timeout",
             ) from exc
+        except MalformedResponseError as exc:
+            raise UpstreamError(
+                f"upstream sent an invalid HTTP response: {exc}", code="upstream_bad_response"
+            ) from exc
         except StreamError as exc:
-            raise UpstreamError(
-                f"cannot reach upstream {self.base_url}: {type(exc).__name__}",
-                code="upstream_unreachable",
-            ) from exc
-
-    async def _send(self, request: httpx.Request, timeout: float) -> httpx.Response:
-        try:
-            return await asyncio.wait_for(self._client.send(request, stream=True), timeout)
-        except TimeoutError:
-            raise UpstreamError(
-                f"upstream did not answer within {timeout:g} s",
-                status=504,
-                code="upstream_timeout",
-            ) from None
-        except httpx.TimeoutException as exc:
-            raise UpstreamError(
-                f"could not connect to upstream {self.base_url} in time ({type(exc).__name__})",
-                status=504,
-                code="upstream_timeout",
-            ) from exc
-        except httpx.TransportError as exc:
             raise UpstreamError(
                 f"cannot reach upstream {self.base_url}: {type(exc).__name__}",
                 code="upstream_unreachable",
@@ -235,9 +254,10 @@ class Upstream:
         except (httpx.HTTPError, ValueError, AttributeError, IndexError) as exc:
             return Capability(False, False, f"upstream not reachable: {type(exc).__name__}", model)
         if answer.status_code != 200:
-            detail = (
-                f"/v1/completions answered {answer.status_code}: {error_message(answer.content)}"
+            said = error_message(answer.content) or describe_error_body(
+                answer.content, answer.headers.get("content-type", "")
             )
+            detail = f"/v1/completions answered {answer.status_code}: {said}"
             return Capability(True, False, detail, model)
         try:
             choice = answer.json()["choices"][0]
@@ -257,19 +277,30 @@ class Upstream:
         method: str,
         target: str,
         headers: Iterable[tuple[str, str]],
-        body: AsyncIterator[bytes] | bytes,
+        body: bytes | AsyncIterable[bytes],
         *,
+        length: int | None = None,
         timeout: float,
-    ) -> AsyncIterator[httpx.Response]:
-        """Send a request through unchanged (pass-through) and yield upstream's streamed answer."""
-        request = self._client.build_request(
-            method, target, headers=_wire(end_to_end(headers)), content=body
-        )
-        response = await self._send(request, timeout)
+    ) -> AsyncIterator[Response]:
+        """Send a request through unchanged (pass-through) and yield upstream's answer, whose
+        body is read as it arrives (`Response.read`). A streamed `body` goes up with `length`
+        as its Content-Length, or chunked.
+
+        Raises `UpstreamError` before the answer's head is ours: unreachable (502), no head
+        within `timeout` (504), an invalid head or a bodyless answer followed by bytes — a 204
+        "with a body" (502, `upstream_bad_response`)."""
+        # The client's Content-Length describes the body as it comes; ours is written anew.
+        wire = _wire(end_to_end(headers, drop=("content-length",)))
+        response = await self._send(method, target, wire, body, length, timeout)
         try:
+            if response.done and response.trailing:
+                raise UpstreamError(
+                    f"upstream sent bytes after the end of its HTTP {response.status} answer",
+                    code="upstream_bad_response",
+                )
             yield response
         finally:
-            await response.aclose()
+            response.close()
 
 
 def _wire(headers: Iterable[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
@@ -280,23 +311,41 @@ def _wire(headers: Iterable[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
     return [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers]
 
 
-async def _check_status(response: Response) -> None:
+async def _check_status(response: Response, seconds: float) -> None:
     if response.status == 200:
         return
-    raw = b""
-    with suppress(StreamError):  # the status says enough; the message is what came
-        while chunk := await response.read():
-            raw += chunk
-            if len(raw) > _ERROR_BODY_LIMIT:
-                break
-    message = error_message(raw)
+    raw, cut = await _error_body(response, seconds)
+    message = None if cut is not None else error_message(raw)
     status = response.status
-    if 400 <= status < 500:
+    rejected = 400 <= status < 500
+    if message is not None:
+        said = f": {message}"
+    else:
+        what = describe_error_body(raw, response.head.get("content-type"), cut)
+        said = f" with HTTP {status} and {what}" if rejected else f" and {what}"
+    if rejected:
         # Upstream judged the request: pass its status and words on (issue 5).
         raise ClientError(
-            f"upstream rejected the request: {message}", status=status, code="upstream_rejected"
+            f"upstream rejected the request{said}", status=status, code="upstream_rejected"
         )
-    raise UpstreamError(f"upstream failed with HTTP {status}: {message}", code="upstream_error")
+    raise UpstreamError(f"upstream failed with HTTP {status}{said}", code="upstream_error")
+
+
+async def _error_body(response: Response, seconds: float) -> tuple[bytes, str | None]:
+    """Upstream's error body, read for at most `seconds` and `ERROR_BODY_LIMIT` bytes, and why
+    it is incomplete (None: it is whole)."""
+    raw = b""
+    try:
+        async with asyncio.timeout(seconds):
+            while chunk := await response.read():
+                raw += chunk
+                if len(raw) > ERROR_BODY_LIMIT:
+                    return raw[:ERROR_BODY_LIMIT], f"longer than {ERROR_BODY_LIMIT // 1024} KiB"
+    except TimeoutError:
+        return raw, f"not complete within {seconds:g} s"
+    except StreamError:
+        return raw, "cut off by the connection"
+    return raw, None
 
 
 class Frames:

@@ -89,13 +89,13 @@ def _error_text(payload: dict[str, Any]) -> str:
     return str(error)[:500]
 
 
-def error_message(body: bytes) -> str:
+def error_message(body: bytes) -> str | None:
     """The message of an upstream error body (`{"object": "error", "message": …}` or OpenAI's
-    `{"error": {"message": …}}`), or a short excerpt of whatever it sent."""
+    `{"error": {"message": …}}`), or None when the body is not JSON or carries no message."""
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return body[:200].decode("utf-8", "replace") or "(empty body)"
+        return None
     if isinstance(payload, dict):
         if isinstance(payload.get("message"), str):
             return str(payload["message"])[:1000]
@@ -104,4 +104,20 @@ def error_message(body: bytes) -> str:
             return str(error["message"])[:1000]
         if isinstance(error, str):
             return error[:1000]
-    return body[:200].decode("utf-8", "replace")
+    return None
+
+
+def describe_error_body(body: bytes, content_type: str, cut: str | None = None) -> str:
+    """What an error body without a usable message was — never the body itself, which may be
+    junk or a fragment (issue 12: a 400 quoted a lone `{`). `cut` says why it is incomplete
+    (it is read under a deadline and a size cap)."""
+    if cut is not None:
+        return f"an error body that was {cut} (not quoted)"
+    if not body:
+        return "an empty body"
+    what = content_type.split(";", 1)[0].strip()[:100] or "no content type"
+    try:
+        orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return f"an error body that is not JSON ({len(body)} bytes of {what}; not quoted)"
+    return f"a JSON error body without a message ({len(body)} bytes; not quoted)"

@@ -1,25 +1,32 @@
-"""HTTP/1.1 for the client side of one streamed exchange, without I/O (RFC 9112).
+"""HTTP/1.1 for the client side of one exchange, without I/O (RFC 9112): requests are written
+here, responses are read by llhttp (through `httptools`, the parser uvicorn serves us with).
 
-Theory of operation. `request_bytes` writes a request head (and a body of known length) as one
-bytes object. `ResponseReader` takes whatever the socket gave, in any pieces, and turns it into
-a response head and the bytes of its body:
+Theory of operation. `request_head` writes a request head for a body of known length (or a
+chunked one: `chunk`, `LAST_CHUNK`); `request_bytes` a whole request. `ResponseReader` takes
+whatever the socket gave, in any pieces, and turns it into a response head and the bytes of its
+body:
 
-    HEAD ──head complete──▶ BODY ──body complete──▶ DONE
+    HEAD ──head complete──▶ BODY ──body complete──▶ DONE ──any byte──▶ DONE, `trailing`
      │ 1xx: skip it, HEAD again   │ EOF (read-until-close body): DONE
      ▼                            ▼
     ProtocolError              ProtocolError (EOF inside a chunk or before Content-Length)
 
 `feed(data)` returns the body bytes that `data` completed (b"" when none) and sets `head` as soon
 as the head is complete; `end_of_input()` reports that the peer closed. Body framing is chunked
-transfer coding, a Content-Length, or "read until close" (neither given). `reusable` says whether
-the connection may carry another request: the body was read to its end, no bytes followed it,
-and neither side asked to close.
+transfer coding, a Content-Length, or "read until close" (neither given); a 204, a 304 and the
+answer to a HEAD request have none. `reusable` says whether the connection may carry another
+request: the body was read to its end, no bytes followed it, and neither side asked to close.
+Bytes after the end are never parsed as anything (`trailing`): they are what a response
+smuggled into the next one would look like.
 
-Why not h11: it spends ~10 µs per chunk of a 20-token frame in state-machine and event objects
-(~1 µs here), on the one call of the proxy that runs once per upstream frame (issue 7). Heads
-are parsed strictly — CRLF line ends only, no obs-fold, no control characters in values, token
-names, one Content-Length, `chunked` the only transfer coding — because a head we cannot read
-exactly must never become a stream (tests/test_reliability_security.py).
+Why llhttp (issue 12, "a home-made HTTP parser is where smuggling bugs live"): it is the parser
+of Node.js, fuzzed and maintained; in its default strict mode it refuses bare CR or LF, obs-fold,
+control characters in values, invalid names, `Transfer-Encoding` together with
+`Content-Length`, duplicate or signed lengths, and bad chunk framing. What it allows and we do
+not, checked here: a status outside 100-599, a transfer coding other than `chunked` alone (we
+could not undo one), a 204 that announces a body, 101 (nobody asked to switch), and a head over
+`MAX_HEAD_BYTES` (llhttp has no limit). Its cost per frame is measured against the hand parser
+it replaced in bench/http_parser.py (BENCHMARKS.md, section 6).
 """
 
 from __future__ import annotations
@@ -27,17 +34,18 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-#: Largest response head accepted (h11 allows 16 KiB; trtllm-serve sends ~150 bytes).
+import httptools
+
+#: Largest response head accepted, interim (1xx) heads included (trtllm-serve sends ~150 bytes).
 MAX_HEAD_BYTES = 64 * 1024
-#: Longest chunk-size line (size, extensions) and trailer section accepted.
-MAX_LINE_BYTES = 4096
+#: The end of a chunked request body.
+LAST_CHUNK = b"0\r\n\r\n"
 
 _TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 # field-value: visible characters, obs-text, spaces and tabs; never CR, LF, NUL or other CTLs.
 _VALUE = re.compile(rb"[^\x00-\x08\x0a-\x1f\x7f]*")
-_STATUS_LINE = re.compile(rb"HTTP/1\.([0-9]) ([0-9]{3})(?: [^\x00-\x08\x0a-\x1f\x7f]*)?")
-_HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
-_CHUNKED_STATUSES_WITHOUT_BODY = frozenset({204, 304})
+#: Methods whose requests carry content: an empty body still says `content-length: 0`.
+_CONTENT_METHODS = frozenset({b"POST", b"PUT", b"PATCH"})
 
 
 class ProtocolError(Exception):
@@ -60,54 +68,78 @@ class Head:
         return default
 
 
-def request_bytes(
-    method: bytes, target: bytes, headers: list[tuple[bytes, bytes]], body: bytes
+def request_head(
+    method: bytes, target: bytes, headers: list[tuple[bytes, bytes]], length: int | None
 ) -> bytes:
-    """A request with a body of known length, ready to write. `headers` must not hold
-    Content-Length or Transfer-Encoding (hop-by-hop ones are dropped by the caller)."""
+    """A request head for a body of `length` bytes, or a chunked body (`length` None).
+    `headers` must not hold Content-Length or Transfer-Encoding (hop-by-hop ones are dropped by
+    the caller)."""
     parts = [method, b" ", target, b" HTTP/1.1\r\n"]
     for name, value in headers:
         # A CR or LF here would let a header value end the head early (request splitting).
         if _TOKEN.fullmatch(name) is None or _VALUE.fullmatch(value) is None:
             raise ProtocolError(f"cannot send header {name!r}: invalid name or value")
         parts += (name, b": ", value, b"\r\n")
-    parts += (b"content-length: ", b"%d" % len(body), b"\r\n\r\n", body)
+    if length is None:
+        parts.append(b"transfer-encoding: chunked\r\n")
+    elif length or method in _CONTENT_METHODS:  # RFC 9110 §8.6: no length for a GET's nothing
+        parts += (b"content-length: ", b"%d" % length, b"\r\n")
+    parts.append(b"\r\n")
     return b"".join(parts)
 
 
+def request_bytes(
+    method: bytes, target: bytes, headers: list[tuple[bytes, bytes]], body: bytes
+) -> bytes:
+    """A whole request with a body of known length, ready to write."""
+    return request_head(method, target, headers, len(body)) + body
+
+
+def chunk(data: bytes) -> bytes:
+    """One chunk of a chunked request body (`data` must not be empty: that is `LAST_CHUNK`)."""
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
 _HEAD, _BODY, _DONE = "HEAD", "BODY", "DONE"
-_CHUNKED, _LENGTH, _UNTIL_CLOSE = "chunked", "length", "until_close"
-#: Chunked sub-states: a size line next, chunk data next, the CRLF after the data, trailers.
-_SIZE, _DATA, _DATA_END, _TRAILER = 0, 1, 2, 3
 
 
 class ResponseReader:
-    """Incremental parser of one response (see the module docstring)."""
+    """Incremental reader of one response (see the module docstring). `head_request`: the
+    request was a HEAD, so the response has no body whatever its head says."""
 
     __slots__ = (
-        "_buffer",
-        "_chunk",
+        "_budget",
+        "_chunks",
         "_closing",
-        "_framing",
-        "_left",
+        "_head_request",
+        "_headers",
+        "_parser",
         "_trailing",
+        "_until_close",
         "head",
         "state",
     )
 
-    def __init__(self) -> None:
-        self._buffer = b""
+    def __init__(self, *, head_request: bool = False) -> None:
+        self._parser = httptools.HttpResponseParser(self)
         self.head: Head | None = None
         self.state = _HEAD
-        self._framing = _UNTIL_CLOSE
-        self._left = 0  # body bytes left: of the Content-Length, or of the current chunk
-        self._chunk = _SIZE
-        self._closing = False  # `Connection: close`, HTTP/1.0, or framing we must not trust
+        self._head_request = head_request
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._chunks: list[bytes] = []
+        self._budget = MAX_HEAD_BYTES  # head bytes still allowed
+        self._until_close = False
+        self._closing = False  # `Connection: close`, HTTP/1.0, or a body read until close
         self._trailing = False  # bytes arrived after the end of the response
 
     @property
     def done(self) -> bool:
         return self.state is _DONE
+
+    @property
+    def trailing(self) -> bool:
+        """Bytes arrived after the end of the response (upstream is broken, or smuggling)."""
+        return self._trailing
 
     @property
     def reusable(self) -> bool:
@@ -116,29 +148,29 @@ class ResponseReader:
 
     def feed(self, data: bytes) -> bytes:
         """Take bytes from the wire; return the body bytes completed by them."""
-        if self.state is _DONE:
-            self._trailing = self._trailing or bool(data)
+        if self.state is _HEAD:
+            # llhttp has no head limit: give it at most what is left of ours, so a whole
+            # oversized head in one read is refused too (issue 12: 70 KB got through).
+            budget = self._budget
+            head, data = (data, b"") if len(data) <= budget else (data[:budget], data[budget:])
+            self._budget -= len(head)
+            self._execute(head)
+            if self.state is _HEAD and not self._budget:
+                raise ProtocolError(f"response head larger than {MAX_HEAD_BYTES} bytes")
+        if data:
+            if self.state is _DONE:
+                self._trailing = True
+            else:
+                self._execute(data)
+        chunks = self._chunks
+        if not chunks:
             return b""
-        buffer = self._buffer + data if self._buffer else data
-        self._buffer = b""
-        while self.state is _HEAD:
-            end = buffer.find(b"\r\n\r\n")
-            if end < 0:
-                if len(buffer) > MAX_HEAD_BYTES:
-                    raise ProtocolError(f"response head larger than {MAX_HEAD_BYTES} bytes")
-                self._buffer = buffer
-                return b""
-            self._head(buffer[:end])
-            buffer = buffer[end + 4 :]
-        if self._framing is _UNTIL_CLOSE:
-            return buffer
-        if self._framing is _LENGTH:
-            return self._length(buffer)
-        return self._chunked(buffer)
+        self._chunks = []
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def end_of_input(self) -> None:
         """The peer closed the connection: the end of a read-until-close body, else an error."""
-        if self.state is _BODY and self._framing is _UNTIL_CLOSE:
+        if self.state is _BODY and self._until_close:
             self.state = _DONE
             return
         if self.state is _HEAD:
@@ -146,112 +178,75 @@ class ResponseReader:
         if self.state is _BODY:
             raise ProtocolError("connection closed before the end of the response body")
 
-    # -- the head -----------------------------------------------------------------------------
+    def _execute(self, data: bytes) -> None:
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            cause = exc.__context__
+            raise cause if isinstance(cause, ProtocolError) else ProtocolError(str(exc)) from None
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            if self.state is not _DONE:
+                raise ProtocolError(str(exc)) from None
+            # Garbage after a complete response: the response stands, the connection does not.
+            self._trailing = True
 
-    def _head(self, raw: bytes) -> None:
-        unpaired = raw.replace(b"\r\n", b"")
-        if b"\n" in unpaired or b"\r" in unpaired:
-            raise ProtocolError("response head has a bare CR or LF")
-        lines = raw.split(b"\r\n")
-        status_line = _STATUS_LINE.fullmatch(lines[0])
-        if status_line is None:
-            raise ProtocolError(f"invalid status line {lines[0][:100]!r}")
-        status = int(status_line.group(2))
-        headers: list[tuple[str, str]] = []
-        for line in lines[1:]:
-            name, colon, value = line.partition(b":")
-            if not colon or _TOKEN.fullmatch(name) is None:
-                # also an obs-fold line (leading whitespace), which RFC 9112 §5.2 lets us reject
-                raise ProtocolError(f"invalid header line {line[:100]!r}")
-            value = value.strip(b" \t")
-            if _VALUE.fullmatch(value) is None:
-                raise ProtocolError(f"invalid value of header {name.decode()!r}")
-            headers.append((name.decode("ascii").lower(), value.decode("latin-1")))
+    # -- llhttp's callbacks ---------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self.state is _DONE:  # a second response after ours ended (CR/LF are skipped)
+            self._trailing = True
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.state is _HEAD:  # not trailers, nor a second response's
+            self._headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        if self.state is not _HEAD:
+            return
+        raw, self._headers = self._headers, []
+        status = self._parser.get_status_code()
         if 100 <= status < 200:
             if status == 101:
                 raise ProtocolError("upstream switched protocols")
             return  # an interim response (100 Continue, 103 Early Hints): the real one follows
-        self.head = Head(status, tuple(headers))
+        if not 200 <= status <= 599:
+            raise ProtocolError(f"invalid status code {status}")
+        headers = tuple(
+            (name.decode("latin-1").lower(), value.decode("latin-1").strip(" \t"))
+            for name, value in raw
+        )
+        head = Head(status, headers)
+        codings = [
+            coding.strip().lower()
+            for value in _values(head, "transfer-encoding")
+            for coding in value.split(",")
+        ]
+        if codings and codings != ["chunked"]:
+            raise ProtocolError(f"unsupported transfer coding {', '.join(codings)[:100]!r}")
+        length = head.get("content-length")
+        if status == 204 and (codings or length not in ("", "0")):
+            raise ProtocolError("a 204 (No Content) response that announces a body")
+        self.head = head
         self.state = _BODY
-        self._frame(status_line.group(1) == b"1", headers)
+        self._closing = (
+            not self._parser.should_keep_alive() or self._parser.get_http_version() != "1.1"
+        )
+        bodyless = self._head_request or status in (204, 304)
+        if bodyless:
+            self.state = _DONE
+        elif not codings and not length:
+            self._until_close = self._closing = True
 
-    def _frame(self, http11: bool, headers: list[tuple[str, str]]) -> None:
-        codings: list[str] = []
-        lengths: set[str] = set()
-        for name, value in headers:
-            if name == "transfer-encoding":
-                codings += [c.strip().lower() for c in value.split(",") if c.strip()]
-            elif name == "content-length":
-                lengths.update(v.strip() for v in value.split(","))
-            elif name == "connection" and "close" in value.lower().replace(" ", "").split(","):
-                self._closing = True
-        self._closing = self._closing or not http11
-        assert self.head is not None
-        if self.head.status in _CHUNKED_STATUSES_WITHOUT_BODY:
-            self._framing, self._left = _LENGTH, 0
-        elif codings:
-            if codings != ["chunked"]:
-                raise ProtocolError(f"unsupported transfer coding {', '.join(codings)!r}")
-            self._framing = _CHUNKED
-            # RFC 9112 §6.3: both given means chunked wins, and the connection must close.
-            self._closing = self._closing or bool(lengths)
-        elif lengths:
-            if len(lengths) != 1 or not next(iter(lengths)).isdigit():
-                raise ProtocolError(f"invalid Content-Length {', '.join(sorted(lengths))!r}")
-            self._framing, self._left = _LENGTH, int(next(iter(lengths)))
-        else:
-            self._framing, self._closing = _UNTIL_CLOSE, True
-        if self._framing is _LENGTH and self._left == 0:
+    def on_body(self, body: bytes) -> None:
+        if self.state is _BODY:
+            self._chunks.append(body)
+        else:  # the body of a HEAD answer or of a second response
+            self._trailing = True
+
+    def on_message_complete(self) -> None:
+        if self.state is _BODY:
             self.state = _DONE
 
-    # -- the body -------------------------------------------------------------------------------
 
-    def _length(self, buffer: bytes) -> bytes:
-        if len(buffer) < self._left:
-            self._left -= len(buffer)
-            return buffer
-        body, rest = buffer[: self._left], buffer[self._left :]
-        self._left = 0
-        self.state = _DONE
-        self._trailing = bool(rest)
-        return body
-
-    def _chunked(self, buffer: bytes) -> bytes:
-        out: list[bytes] = []
-        at = 0
-        size = len(buffer)
-        while at < size:
-            if self._chunk == _DATA:
-                take = min(self._left, size - at)
-                out.append(buffer[at : at + take])
-                at += take
-                self._left -= take
-                if self._left == 0:
-                    self._chunk = _DATA_END
-                continue
-            end = buffer.find(b"\r\n", at)
-            if end < 0:
-                if size - at > MAX_LINE_BYTES:
-                    raise ProtocolError("chunk-size line or trailer too long")
-                break
-            line = buffer[at:end]
-            at = end + 2
-            if self._chunk == _DATA_END:
-                if line:
-                    raise ProtocolError("chunk data not followed by CRLF")
-                self._chunk = _SIZE
-            elif self._chunk == _SIZE:
-                digits = line.split(b";", 1)[0].rstrip(b" \t")
-                if _HEX.fullmatch(digits) is None:
-                    raise ProtocolError(f"invalid chunk size {line[:40]!r}")
-                self._left = int(digits, 16)
-                self._chunk = _DATA if self._left else _TRAILER
-            elif not line:  # _TRAILER: the blank line ends the message; trailers are ignored
-                self.state = _DONE
-                self._trailing = at < size
-                break
-        if self.state is not _DONE and at < size:
-            self._buffer = buffer[at:]
-        if len(out) == 1:
-            return out[0]
-        return b"".join(out)
+def _values(head: Head, name: str) -> list[str]:
+    return [value for key, value in head.headers if key == name]

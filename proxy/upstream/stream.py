@@ -1,223 +1,77 @@
-"""A lean HTTP/1.1 client for the proxy's one hot upstream call: the streamed
-`POST /v1/completions` of every repaired request (`Upstream.completion_stream`).
+"""A lean HTTP/1.1 client to upstream: the streamed `POST /v1/completions` of every repaired
+request (`Upstream.completion_stream`, the proxy's one hot upstream call) and the requests
+passed through untouched (`Upstream.forward`).
 
-httpx sends it through httpcore, anyio and h11: per upstream frame that is ~10 objects and
-several awaits before the bytes reach the SSE decoder, and per open stream several KB of
+httpx sends a request through httpcore, anyio and h11: per upstream frame that is ~10 objects
+and several awaits before the bytes reach the SSE decoder, and per open stream several KB of
 request, response, connection and stream objects (BENCHMARKS.md, sections 2-3; issue 7). Here
-one `asyncio.Protocol` per connection parses what arrives with `http1.ResponseReader` in
-`data_received` and hands body bytes to the one reader waiting for them.
+one `asyncio.Protocol` per connection (`proxy.upstream.connection`) parses what arrives with
+llhttp and hands body bytes to the one reader waiting for them. Pass-through uses it too
+(issue 12): httpcore reuses a connection whose response was followed by stray bytes, so a 204
+"with a body" became the next request's answer; here such a connection is never reused.
 
     StreamClient.send() ─▶ idle connection (or a new one) ─▶ request written ─▶ head read
+                                                 (a streamed body is written meanwhile)
                                                                                  │
     Response.read() … b"" at the end ─▶ Response.close(): back to the pool when the body was
                                         read to its end and both sides keep the connection;
                                         closed at once otherwise (a cancelled exchange:
                                         trtllm-serve sees the connection go and aborts)
 
-Errors (all `StreamError`; `Upstream` translates them at its boundary):
-
-    StreamError
-    ├── ConnectError         cannot open a connection (refused, no route, name, TLS)
-    ├── ConnectTimeout       not connected within `connect_timeout`
-    ├── LocalProtocolError   a request that must not be written (a header with CR or LF)
-    ├── RemoteProtocolError  upstream's bytes are no readable response, or it closed early
-    └── ReadError            the connection broke (reset)
+Errors are `StreamError`s (the tree is in `proxy.upstream.connection`); `Upstream` translates
+them at its boundary.
 
 The pool keeps at most `max_idle` idle connections, each for `keepalive_expiry` seconds (below
 uvicorn's 5 s: see `proxy.upstream.client.KEEPALIVE_EXPIRY`), newest first, and never one whose
-response was not read to its end, that upstream closed, or that received unasked-for bytes. A
-request on a reused connection that upstream closes before a byte of its answer (the keep-alive
-race) is sent once more on a new connection; upstream never read it.
+response was not read to its end, that upstream closed, that received unasked-for bytes, or
+whose request was not written to its end. A request with a body of bytes on a reused
+connection that upstream closes before a byte of its answer (the keep-alive race) is sent once
+more on a new connection; upstream never read it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import socket
 import ssl
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterable, Callable
 from typing import cast
 from urllib.parse import quote, unquote, urlsplit
 
-from proxy.upstream.http1 import Head, ProtocolError, ResponseReader, request_bytes
+from proxy.upstream.connection import (
+    HIGH_WATER,
+    ConnectError,
+    Connection,
+    ConnectTimeout,
+    LocalProtocolError,
+    MalformedResponseError,
+    ReadError,
+    RemoteProtocolError,
+    StreamError,
+)
+from proxy.upstream.http1 import (
+    LAST_CHUNK,
+    Head,
+    ProtocolError,
+    chunk,
+    request_bytes,
+    request_head,
+)
 
-#: Unread body bytes above which the socket is no longer read (backpressure: a client that
-#: does not read holds upstream's stream in the kernel's buffers, not in ours).
-HIGH_WATER = 256 * 1024
-
-
-class StreamError(Exception):
-    """The exchange with upstream failed below HTTP semantics (see the module docstring)."""
-
-
-class ConnectError(StreamError):
-    pass
-
-
-class ConnectTimeout(StreamError):
-    pass
-
-
-class LocalProtocolError(StreamError):
-    pass
-
-
-class RemoteProtocolError(StreamError):
-    pass
-
-
-class ReadError(StreamError):
-    pass
-
-
-class _Connection(asyncio.Protocol):
-    """One upstream connection; serves one response at a time."""
-
-    __slots__ = (
-        "_buffered",
-        "_chunks",
-        "_error",
-        "_paused",
-        "_reader",
-        "_transport",
-        "_waiter",
-        "closed",
-        "heard",
-        "idle_since",
-    )
-
-    def __init__(self) -> None:
-        self._transport: asyncio.Transport | None = None
-        self._reader = ResponseReader()
-        self._chunks: list[bytes] = []
-        self._buffered = 0
-        self._paused = False
-        self._waiter: asyncio.Future[None] | None = None
-        self._error: StreamError | None = None
-        self.closed = False
-        #: Upstream sent a byte since the last `start` (a stale connection fails before any).
-        self.heard = False
-        self.idle_since = 0.0
-
-    # -- asyncio.Protocol -----------------------------------------------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = cast(asyncio.Transport, transport)
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            # Frames are small and latency-bound: never hold one back (Nagle).
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def data_received(self, data: bytes) -> None:
-        self.heard = True
-        if self._error is not None:
-            return
-        try:
-            body = self._reader.feed(data)
-        except ProtocolError as exc:
-            self._fail(RemoteProtocolError(str(exc)))
-            return
-        if body:
-            self._chunks.append(body)
-            self._buffered += len(body)
-            if self._buffered > HIGH_WATER and not self._paused and self._transport is not None:
-                self._paused = True
-                self._transport.pause_reading()
-        self._wake()
-
-    def eof_received(self) -> bool:
-        try:
-            self._reader.end_of_input()
-        except ProtocolError as exc:
-            self._fail(RemoteProtocolError(str(exc)))
-        self.closed = True
-        self._wake()
-        return False  # let the transport close itself
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        if self._error is None and not self._reader.done:
-            if exc is not None:
-                self._error = ReadError(f"{type(exc).__name__}: {exc}")
-            else:
-                self._error = RemoteProtocolError("connection closed before the response ended")
-        self._wake()
-
-    # -- for the client -----------------------------------------------------------------------
-
-    @property
-    def reusable(self) -> bool:
-        return not self.closed and self._error is None and self._reader.reusable
-
-    def start(self, request: bytes) -> None:
-        """Write a request (the previous response, if any, was read to its end)."""
-        assert self._transport is not None
-        self._reader = ResponseReader()
-        # The previous response arrived whole, but its owner may have stopped reading early
-        # (a failed frame): its unread bytes belong to it, not to this response.
-        self._chunks = []
-        self._buffered = 0
-        self.heard = False
-        if self._paused:
-            self._paused = False
-            self._transport.resume_reading()
-        self._transport.write(request)
-
-    async def head(self) -> Head:
-        while True:
-            head = self._reader.head
-            if head is not None:
-                return head
-            if self._error is not None:
-                raise self._error
-            await self._wait()
-
-    async def read(self) -> bytes:
-        """The body bytes that arrived since the last call (waiting for some); b"" at the end."""
-        while True:
-            if self._chunks:
-                chunks = self._chunks
-                data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-                self._chunks = []
-                self._buffered = 0
-                if self._paused and self._transport is not None:
-                    self._paused = False
-                    self._transport.resume_reading()
-                return data
-            if self._reader.done:
-                return b""
-            if self._error is not None:
-                raise self._error
-            await self._wait()
-
-    def close(self) -> None:
-        self.closed = True
-        transport = self._transport
-        if transport is not None and not transport.is_closing():
-            if transport.get_write_buffer_size():
-                transport.abort()  # upstream is not reading our request: no FIN after it
-            else:
-                transport.close()
-
-    def _fail(self, error: StreamError) -> None:
-        self._error = error
-        self.close()
-        self._wake()
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    async def _wait(self) -> None:
-        self._waiter = asyncio.get_running_loop().create_future()
-        try:
-            await self._waiter
-        finally:
-            self._waiter = None
+__all__ = [
+    "HIGH_WATER",
+    "ConnectError",
+    "ConnectTimeout",
+    "LocalProtocolError",
+    "MalformedResponseError",
+    "ReadError",
+    "RemoteProtocolError",
+    "Response",
+    "StreamClient",
+    "StreamError",
+]
 
 
 class Response:
@@ -225,14 +79,24 @@ class Response:
 
     __slots__ = ("_client", "_connection", "head")
 
-    def __init__(self, client: StreamClient, connection: _Connection, head: Head) -> None:
+    def __init__(self, client: StreamClient, connection: Connection, head: Head) -> None:
         self._client = client
-        self._connection: _Connection | None = connection
+        self._connection: Connection | None = connection
         self.head = head
 
     @property
     def status(self) -> int:
         return self.head.status
+
+    @property
+    def trailing(self) -> bool:
+        """Bytes arrived after the end of the response: upstream is broken (or smuggling)."""
+        return self._connection is not None and self._connection.trailing
+
+    @property
+    def done(self) -> bool:
+        """The response was read to its end (a bodyless one is, at its head)."""
+        return self._connection is not None and self._connection.done
 
     async def read(self) -> bytes:
         """Body bytes as they arrive; b"" once the body ended."""
@@ -282,7 +146,7 @@ class StreamClient:
         self._expiry = keepalive_expiry
         self._max_idle = max_idle
         self._clock = clock
-        self._idle: deque[_Connection] = deque()
+        self._idle: deque[Connection] = deque()
         self._closed = False
 
     @property
@@ -291,35 +155,60 @@ class StreamClient:
         return len(self._idle)
 
     async def send(
-        self, method: str, path: str, headers: list[tuple[bytes, bytes]], body: bytes
+        self,
+        method: str,
+        path: str,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes | AsyncIterable[bytes],
+        *,
+        length: int | None = None,
     ) -> Response:
-        """Write a request and wait for its response head. The caller times the whole call."""
+        """Write a request and wait for its response head. The caller times the whole call.
+
+        `body` is bytes, or an async iterable streamed as it comes: with `length` (the
+        client's Content-Length) as is, else chunked. A streamed body cannot be sent twice, so
+        its request is not retried after the keep-alive race (neither does httpx)."""
         fixed = self._fixed
+        wire = [*fixed, *[(n, v) for n, v in headers if n.lower() not in self._fixed_names]]
+        target = self._prefix + path.encode()
+        head_request = method == "HEAD"
         try:
-            request = request_bytes(
-                method.encode(),
-                self._prefix + path.encode(),
-                [*fixed, *[(n, v) for n, v in headers if n.lower() not in self._fixed_names]],
-                body,
-            )
+            if isinstance(body, bytes):
+                request = request_bytes(method.encode(), target, wire, body)
+            else:
+                request = request_head(method.encode(), target, wire, length)
         except ProtocolError as exc:
             raise LocalProtocolError(str(exc)) from exc
+        if not isinstance(body, bytes):
+            streamed = self._acquire()
+            if streamed is None:
+                streamed = await self._connect()
+            return await self._exchange(streamed, request, head_request, (body, length))
         connection = self._acquire()
         if connection is not None:
             try:
-                return await self._exchange(connection, request)
+                return await self._exchange(connection, request, head_request)
             except (RemoteProtocolError, ReadError):
                 # Upstream closed this idle connection as we reused it (the keep-alive race):
                 # it never read the request, so sending it again on a new one is safe. Any
                 # byte of an answer means it did, and the error stands.
                 if connection.heard:
                     raise
-        return await self._exchange(await self._connect(), request)
+        return await self._exchange(await self._connect(), request, head_request)
 
-    async def _exchange(self, connection: _Connection, request: bytes) -> Response:
+    async def _exchange(
+        self,
+        connection: Connection,
+        request: bytes,
+        head_request: bool,
+        streamed: tuple[AsyncIterable[bytes], int | None] | None = None,
+    ) -> Response:
         try:
-            connection.start(request)
-            head = await connection.head()
+            connection.start(request, head_request=head_request)
+            if streamed is None:
+                head = await connection.head()
+            else:
+                head = await _head_while_sending(connection, *streamed)
         except BaseException:
             connection.close()
             raise
@@ -332,7 +221,7 @@ class StreamClient:
 
     # -- the pool -------------------------------------------------------------------------------
 
-    def _acquire(self) -> _Connection | None:
+    def _acquire(self) -> Connection | None:
         deadline = self._clock() - self._expiry
         while self._idle:
             connection = self._idle.pop()  # the newest: least likely to be closing upstream
@@ -347,7 +236,7 @@ class StreamClient:
             connection.close()
         return None
 
-    def _release(self, connection: _Connection) -> None:
+    def _release(self, connection: Connection) -> None:
         if not connection.reusable or self._closed or len(self._idle) >= self._max_idle:
             connection.close()
             return
@@ -357,12 +246,12 @@ class StreamClient:
         while self._idle and self._idle[0].idle_since < now - self._expiry:
             self._idle.popleft().close()
 
-    async def _connect(self) -> _Connection:
+    async def _connect(self) -> Connection:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self._connect_timeout):
                 _, protocol = await loop.create_connection(
-                    _Connection,
+                    Connection,
                     self._host,
                     self._port,
                     ssl=self._ssl,
@@ -375,3 +264,41 @@ class StreamClient:
         except OSError as exc:  # refused, unreachable, name not known, TLS (ssl.SSLError)
             raise ConnectError(f"{type(exc).__name__}: {exc}") from exc
         return protocol
+
+
+async def _head_while_sending(
+    connection: Connection, body: AsyncIterable[bytes], length: int | None
+) -> Head:
+    """Send a streamed body while waiting for the head; upstream may answer before it read
+    the whole body (a 413, say): the rest is not sent and the connection not reused. An error
+    of the body's source (our client's 413, its disconnect) is raised as it is."""
+    sending = asyncio.ensure_future(_send_body(connection, body, length))
+    answer = asyncio.ensure_future(connection.head())
+    try:
+        await asyncio.wait({sending, answer}, return_when=asyncio.FIRST_COMPLETED)
+        if not answer.done() and sending.exception() is not None:
+            raise cast(BaseException, sending.exception())
+        return await answer
+    finally:
+        sending.cancel()
+        answer.cancel()
+        (sent,) = await asyncio.gather(sending, return_exceptions=True)
+        if sent is not None:  # cut short or failed: upstream waits for the rest of a request
+            connection.unfinished = True
+
+
+async def _send_body(
+    connection: Connection, body: AsyncIterable[bytes], length: int | None
+) -> None:
+    sent = 0
+    async for data in body:
+        if not data:
+            continue
+        sent += len(data)
+        if length is not None and sent > length:
+            raise LocalProtocolError(f"request body longer than its Content-Length {length}")
+        await connection.write(data if length is not None else chunk(data))
+    if length is None:
+        await connection.write(LAST_CHUNK)
+    elif sent != length:
+        raise LocalProtocolError(f"request body of {sent} bytes, not its Content-Length {length}")

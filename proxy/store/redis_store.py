@@ -1,0 +1,340 @@
+"""`redis://…` / `rediss://…`: the store of several replicas behind one Service (issue 13).
+
+Layout (every key under the prefix, `rrp:` by default; a standalone Redis, not a cluster —
+the script below touches keys it derives):
+
+    e:<key>                 hash: scope, doc, created, expires, lease, signals, aliases
+    l:<key>                 a Redis Stream: the entry's log, entry id `<mark + 1>-0`
+    a:<scope>:<alias>       string: the key an alias names
+    created / expiry        sorted sets of keys by creation / expiry time (eviction, sweep)
+    sizes / bytes           bytes per key / in all (the `max_bytes` bound)
+    signals                 pub/sub channel: `<key>\\n<name>` for every signal raised
+
+Each `apply` is one `EVALSHA` of one Lua script with every write of the batch: atomic, one round
+trip, and the bound is enforced in the same step (oldest first). Entries, logs and aliases carry
+Redis TTLs (`PEXPIREAT`), so Redis forgets them by itself; `sweep` only settles the accounting.
+
+`wait_log` is `XREAD BLOCK` on the entry's stream: a resume on any replica follows the events
+as the replica that runs the response appends them. Signals travel by pub/sub (a cancel reaches
+the replica that runs the response); they are also kept in the entry for later readers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from proxy.store.base import (
+    Append,
+    Create,
+    Entry,
+    Lease,
+    Op,
+    Signal,
+    Stats,
+    Store,
+    StoreError,
+    Update,
+    entry_size,
+)
+
+_T = TypeVar("_T")
+
+_SCRIPT = r"""
+local p, max_bytes = ARGV[1], tonumber(ARGV[2])
+local function forget(key)
+  local e = p .. 'e:' .. key
+  local scope, aliases = unpack(redis.call('HMGET', e, 'scope', 'aliases'))
+  if scope and aliases and aliases ~= '' then
+    for alias in string.gmatch(aliases, '[^\n]+') do
+      local a = p .. 'a:' .. scope .. ':' .. alias
+      if redis.call('GET', a) == key then redis.call('DEL', a) end
+    end
+  end
+  redis.call('DEL', e, p .. 'l:' .. key)
+  redis.call('ZREM', p .. 'created', key)
+  redis.call('ZREM', p .. 'expiry', key)
+  local size = tonumber(redis.call('HGET', p .. 'sizes', key) or '0')
+  redis.call('HDEL', p .. 'sizes', key)
+  if size ~= 0 then redis.call('DECRBY', p .. 'bytes', size) end
+end
+local function grow(key, n)
+  redis.call('HINCRBY', p .. 'sizes', key, n)
+  redis.call('INCRBY', p .. 'bytes', n)
+end
+local i, gone = 3, 0
+while i <= #ARGV do
+  local op, key = ARGV[i], ARGV[i + 1]
+  local e = p .. 'e:' .. key
+  if op == 'create' then
+    local scope, doc, created, expires = ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
+    local aliases = ARGV[i + 7]
+    forget(key)
+    redis.call('HSET', e, 'scope', scope, 'doc', doc, 'created', created, 'expires', expires,
+               'lease', ARGV[i + 6], 'signals', '', 'aliases', aliases)
+    local at = math.floor(tonumber(expires) * 1000)
+    redis.call('PEXPIREAT', e, at)
+    for alias in string.gmatch(aliases, '[^\n]+') do
+      redis.call('SET', p .. 'a:' .. scope .. ':' .. alias, key, 'PXAT', at)
+    end
+    redis.call('ZADD', p .. 'created', created, key)
+    redis.call('ZADD', p .. 'expiry', expires, key)
+    grow(key, tonumber(ARGV[i + 8]))
+    i = i + 9
+  elseif op == 'update' then
+    if redis.call('EXISTS', e) == 1 then
+      local old = redis.call('HSTRLEN', e, 'doc')
+      redis.call('HSET', e, 'doc', ARGV[i + 2])
+      if ARGV[i + 3] ~= '' then redis.call('HSET', e, 'lease', ARGV[i + 3]) end
+      local added = ARGV[i + 4]
+      if added ~= '' then
+        local scope, aliases, expires =
+          unpack(redis.call('HMGET', e, 'scope', 'aliases', 'expires'))
+        local at = math.floor(tonumber(expires) * 1000)
+        for alias in string.gmatch(added, '[^\n]+') do
+          redis.call('SET', p .. 'a:' .. scope .. ':' .. alias, key, 'PXAT', at)
+        end
+        if aliases ~= '' then added = aliases .. '\n' .. added end
+        redis.call('HSET', e, 'aliases', added)
+      end
+      grow(key, #ARGV[i + 2] - old + tonumber(ARGV[i + 5]))
+    end
+    i = i + 6
+  elseif op == 'append' then
+    if redis.call('EXISTS', e) == 1 then
+      local l = p .. 'l:' .. key
+      local added = redis.pcall('XADD', l, (tonumber(ARGV[i + 2]) + 1) .. '-0', 'd', ARGV[i + 3])
+      if type(added) ~= 'table' or not added.err then
+        redis.call('PEXPIREAT', l, math.floor(tonumber(redis.call('HGET', e, 'expires')) * 1000))
+        grow(key, #ARGV[i + 3])
+      end
+    end
+    i = i + 4
+  elseif op == 'signal' then
+    local raised = redis.call('HGET', e, 'signals')
+    local name = ARGV[i + 2]
+    if raised and not string.find(',' .. raised .. ',', ',' .. name .. ',', 1, true) then
+      if raised == '' then raised = name else raised = raised .. ',' .. name end
+      redis.call('HSET', e, 'signals', raised)
+      redis.call('PUBLISH', p .. 'signals', key .. '\n' .. name)
+    end
+    i = i + 3
+  elseif op == 'lease' then
+    if redis.call('EXISTS', e) == 1 then redis.call('HSET', e, 'lease', ARGV[i + 2]) end
+    i = i + 3
+  elseif op == 'delete' then
+    forget(key)
+    i = i + 2
+  elseif op == 'sweep' then
+    for _, old in ipairs(redis.call('ZRANGEBYSCORE', p .. 'expiry', '-inf', key)) do
+      forget(old)
+      gone = gone + 1
+    end
+    i = i + 2
+  else
+    return redis.error_reply('unknown store op ' .. tostring(op))
+  end
+end
+while max_bytes > 0 and tonumber(redis.call('GET', p .. 'bytes') or '0') > max_bytes do
+  local oldest = redis.call('ZRANGE', p .. 'created', 0, 0)
+  if #oldest == 0 then break end
+  forget(oldest[1])
+  gone = gone + 1
+end
+return gone
+"""
+_FIELDS = ("scope", "doc", "created", "expires", "lease", "signals")
+
+
+def _args(op: Op) -> list[Any]:
+    if isinstance(op, Create):
+        aliases = "\n".join(op.aliases)
+        size = entry_size(op.doc, op.aliases)
+        return [
+            "create",
+            op.key,
+            op.scope,
+            op.doc,
+            repr(op.created),
+            repr(op.expires),
+            repr(op.lease),
+            aliases,
+            size,
+        ]
+    if isinstance(op, Update):
+        lease = "" if op.lease is None else repr(op.lease)
+        added = entry_size(b"", op.aliases)
+        return ["update", op.key, op.doc, lease, "\n".join(op.aliases), added]
+    if isinstance(op, Append):
+        return ["append", op.key, op.mark, op.data]
+    if isinstance(op, Signal):
+        return ["signal", op.key, op.name]
+    if isinstance(op, Lease):
+        return ["lease", op.key, repr(op.until)]
+    return ["delete", op.key]
+
+
+class RedisStore(Store):
+    """The Redis backend (module docstring)."""
+
+    kind = "redis"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        max_bytes: int = 0,
+        prefix: str = "rrp:",
+        clock: Callable[[], float] = time.time,
+        timeout: float = 5.0,
+    ) -> None:
+        self.url = url
+        self._prefix = prefix
+        self._max_bytes = max_bytes
+        self._clock = clock
+        self._timeout = timeout
+        self._redis = aioredis.Redis.from_url(
+            url, socket_connect_timeout=timeout, health_check_interval=30
+        )
+        self._script = self._redis.register_script(_SCRIPT)
+        self._pubsub: Any = None
+        self._reader: asyncio.Task[None] | None = None
+        self._signals: list[tuple[str, str]] = []
+        self._signalled = asyncio.Event()
+
+    async def _call(self, work: Awaitable[_T], timeout: float | None = None) -> _T:
+        try:
+            async with asyncio.timeout(self._timeout if timeout is None else timeout):
+                return await work
+        except (RedisError, OSError, TimeoutError) as exc:
+            detail = "timed out" if isinstance(exc, TimeoutError) else str(exc)
+            raise StoreError(f"redis store: {detail or type(exc).__name__}") from exc
+
+    def _run_script(self, args: list[Any]) -> Awaitable[Any]:
+        return self._script(args=[self._prefix, self._max_bytes, *args])
+
+    async def apply(self, ops: Sequence[Op]) -> int:
+        args: list[Any] = []
+        for op in ops:
+            args += _args(op)
+        if not args:
+            return 0
+        return int(await self._call(self._run_script(args)))
+
+    async def get_many(self, scope: str, keys: Sequence[str]) -> list[Entry | None]:
+        if not keys:
+            return []
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.hmget(self._prefix + "e:" + key, _FIELDS)
+            rows: Any = await self._call(pipe.execute())
+        now = self._clock()
+        found: list[Entry | None] = []
+        for key, row in zip(keys, rows, strict=True):
+            owner, doc, created, expires, lease, signals = row
+            if owner is None or owner.decode() != scope or float(expires) <= now:
+                found.append(None)
+                continue
+            names = signals.decode() if signals else ""
+            found.append(
+                Entry(
+                    key,
+                    scope,
+                    bytes(doc),
+                    float(created),
+                    float(expires),
+                    float(lease or 0),
+                    frozenset(names.split(",")) if names else frozenset(),
+                )
+            )
+        return found
+
+    async def read_log(self, key: str, after: int = -1) -> list[tuple[int, bytes]]:
+        rows: Any = await self._call(
+            self._redis.xrange(self._prefix + "l:" + key, min=f"({after + 1}-0", max="+")
+        )
+        return _log(rows)
+
+    async def wait_log(self, key: str, after: int, timeout: float) -> list[tuple[int, bytes]]:
+        stream = self._prefix + "l:" + key
+        block = max(1, int(timeout * 1000))
+        answer: Any = await self._call(
+            self._redis.xread({stream: f"{after + 1}-0"}, block=block),
+            timeout=timeout + self._timeout,
+        )
+        if not answer:
+            return []
+        (_, rows), *_ = answer
+        return _log(rows)
+
+    async def resolve(self, scope: str, alias: str) -> str | None:
+        found: Any = await self._call(self._redis.get(f"{self._prefix}a:{scope}:{alias}"))
+        if found is None:
+            return None
+        key = bytes(found).decode()
+        entry = await self.get(scope, key)
+        return None if entry is None else key
+
+    async def next_signals(self, timeout: float) -> list[tuple[str, str]]:
+        if self._reader is None or self._reader.done():
+            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+            await self._call(pubsub.subscribe(self._prefix + "signals"))
+            self._pubsub = pubsub
+            self._reader = asyncio.create_task(self._read_signals(pubsub))
+        if not self._signals:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._signalled.wait()
+        signals, self._signals = self._signals, []
+        self._signalled.clear()
+        return signals
+
+    async def _read_signals(self, pubsub: Any) -> None:
+        """The subscriber: what the `signals` channel carries, for `next_signals`."""
+        while True:
+            try:
+                message = await pubsub.get_message(timeout=1.0)
+            except (RedisError, OSError):
+                await asyncio.sleep(0.5)  # reconnects on the next call; the lease catches up
+                continue
+            if message is None or message.get("type") != "message":
+                continue
+            key, _, name = message["data"].decode().partition("\n")
+            self._signals.append((key, name))
+            self._signalled.set()
+
+    async def sweep(self, now: float) -> int:
+        return int(await self._call(self._run_script(["sweep", repr(now)])))
+
+    async def stats(self) -> Stats:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.zcard(self._prefix + "created")
+            pipe.get(self._prefix + "bytes")
+            count, size = await self._call(pipe.execute())
+        return Stats(int(count), int(size or 0))
+
+    async def ping(self) -> None:
+        await self._call(self._redis.ping())
+
+    async def aclose(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+            self._reader = None
+        if self._pubsub is not None:
+            with contextlib.suppress(RedisError, OSError):
+                await self._pubsub.aclose()
+            self._pubsub = None
+        with contextlib.suppress(RedisError, OSError):
+            await self._redis.aclose()
+
+
+def _log(rows: list[tuple[bytes, dict[bytes, bytes]]]) -> list[tuple[int, bytes]]:
+    return [(int(entry_id.split(b"-", 1)[0]) - 1, fields[b"d"]) for entry_id, fields in rows]

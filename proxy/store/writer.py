@@ -1,0 +1,151 @@
+"""One writer task per app: the store writes of every response in flight, batched.
+
+The repaired route never awaits a store on its way to the client (issue 13: a failed write never
+breaks a foreground stream). A response's `Recorder` (proxy/server/recording.py) hands its new
+events to the writer as a *source*: an object with `take() -> list[Op]`, called when the writer
+gets to it. Events pile up in the source until then, so under load one log entry holds several
+frames of events, and one `apply` — one SQLite transaction, one Redis round trip — carries the
+writes of every response that had something new.
+
+    sources ──schedule──▶ pending ──take()──▶ one batch ──apply──▶ store
+                                                          └──▶ futures of `flush()` callers
+
+`flush(source)` schedules and waits until the batch holding that source's writes is applied
+(raising `StoreError` when it was not): the terminal event of a stored response is committed
+before the client sees it, so a client that reads the response back at once finds it. The
+pending backlog is bounded; past the bound a source's writes are dropped and counted as errors.
+
+Unless someone waits in `flush`, the writer gathers writes for `window` seconds before it
+applies them: a live follower sees events that much later, and the store sees one transaction
+per window instead of one per upstream frame (bench/store_cost.py: the CPU per token it costs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import Protocol
+
+from proxy.store.base import Op, Store, StoreError
+
+
+class Source(Protocol):
+    """Something with writes to make: `take()` hands them over (and forgets them)."""
+
+    def take(self) -> list[Op]: ...
+
+
+#: (error, how many writes it cost, whether they were dropped unapplied) → log and count; the
+#: writer carries on. A failed apply is counted by the store's metrics; a drop only here.
+OnError = Callable[[StoreError, int, bool], None]
+#: Sources waiting at most; more means the store is far behind (down): their writes are dropped.
+MAX_PENDING = 10_000
+#: Seconds writes are gathered before a batch that nobody waits for is applied.
+WINDOW = 0.01
+
+
+class StoreWriter:
+    """Batches writes (module docstring). `start()` in the lifespan, `aclose()` at its end."""
+
+    def __init__(
+        self,
+        store: Store,
+        on_error: OnError,
+        *,
+        max_pending: int = MAX_PENDING,
+        window: float = WINDOW,
+    ) -> None:
+        self.store = store
+        self._on_error = on_error
+        self._max_pending = max_pending
+        self._window = window
+        self._urgent = asyncio.Event()  # someone waits in flush(): no window
+        #: Whether the last batch was applied: while it is not, callers do not wait on the
+        #: store (a hung store would hold every stream's end for the full timeout).
+        self.healthy = True
+        self._pending: dict[int, Source] = {}  # by id(): a source is pending once
+        self._flushed: asyncio.Future[None] | None = None
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        #: Called with the number of entries evicted by each applied batch (a metric).
+        self.on_evicted: Callable[[int], None] = lambda count: None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run())
+
+    def schedule(self, source: Source) -> bool:
+        """Have `source` taken in the next batch; False when the backlog is full (dropped)."""
+        if id(source) in self._pending:
+            return True
+        if len(self._pending) >= self._max_pending or self._closing:
+            self._on_error(StoreError("the store's write backlog is full"), 1, True)
+            return False
+        self._pending[id(source)] = source
+        self._wake.set()
+        return True
+
+    async def flush(self, source: Source) -> None:
+        """Schedule `source` and wait until its writes are applied; `StoreError` if they were
+        not (dropped, or the batch failed)."""
+        if not self.schedule(source):
+            raise StoreError("the store's write backlog is full")
+        if self._flushed is None:
+            self._flushed = asyncio.get_running_loop().create_future()
+        self._urgent.set()
+        await asyncio.shield(self._flushed)
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            if self._window and not self._closing and not self._urgent.is_set():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._window):
+                        await self._urgent.wait()
+            self._wake.clear()
+            self._urgent.clear()
+            if not self._pending:
+                if self._closing:
+                    return
+                continue
+            sources, self._pending = list(self._pending.values()), {}
+            flushed, self._flushed = self._flushed, None
+            ops: list[Op] = []
+            for source in sources:
+                ops += source.take()
+            error: StoreError | None = None
+            try:
+                if ops:
+                    self.on_evicted(await self.store.apply(ops))
+            except StoreError as exc:
+                error = exc
+            except Exception as exc:  # a bug below us must not stop every later write
+                error = StoreError(f"{type(exc).__name__}: {exc}")
+            self.healthy = error is None
+            if error is not None:
+                self._on_error(error, len(ops), False)
+            if flushed is not None and not flushed.done():
+                if error is None:
+                    flushed.set_result(None)
+                else:
+                    flushed.set_exception(error)
+                    flushed.exception()  # retrieved here: callers may have gone away
+            if self._closing and not self._pending:
+                return
+
+    async def aclose(self, timeout: float = 5.0) -> None:
+        """Write what is pending (up to `timeout` seconds), then stop."""
+        self._closing = True
+        self._wake.set()
+        self._urgent.set()
+        if self._task is None:
+            return
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.shield(self._task)
+        except TimeoutError:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
