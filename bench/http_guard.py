@@ -33,6 +33,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import harness
+from proxy.config import Settings
 from proxy.server.guard import Guard, Limits
 from proxy.server.runner import loop_factory
 
@@ -66,7 +67,7 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 def serve(port: int, kind: str) -> None:
-    protocol = Guard(Limits()).protocol() if kind == "guarded" else HttpToolsProtocol
+    protocol = Guard(Limits.of(Settings())).protocol() if kind == "guarded" else HttpToolsProtocol
     config = uvicorn.Config(
         app, host="127.0.0.1", port=port, http=protocol, lifespan="off", log_level="warning"
     )

@@ -17,6 +17,7 @@ import pytest
 from openai_harmony import HarmonyEncoding
 from starlette.types import Receive, Scope, Send
 
+from proxy.config import Settings
 from proxy.logs import FIELD_CHARS, JsonFormatter, TextFormatter
 from proxy.server.forwarding import ForwardingMiddleware
 from proxy.server.guard import Guard, Limits
@@ -112,7 +113,7 @@ def test_the_client_address_is_not_spoofable() -> None:
     spoof = {"x-forwarded-for": "6.6.6.6", "x-forwarded-proto": "https"}
     for trusted, expected in (((), "127.0.0.1"), (("127.0.0.1",), "6.6.6.6")):
         app = ForwardingMiddleware(client_of, trusted)
-        options = Guard(Limits()).uvicorn_options()
+        options = Guard(Limits.of(Settings())).uvicorn_options()
         with LiveServer(app, **options) as server:
             seen = httpx.get(server.url, headers=spoof, timeout=5).json()
         assert seen["client"] == expected

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -68,7 +68,24 @@ async def slow_client(port: int, opened: asyncio.Event, stop: float) -> tuple[Re
     return read, time.monotonic() - started
 
 
-async def attack(port: int, count: int, seconds: float) -> list[asyncio.Task[tuple[Read, float]]]:
+Attack = list[asyncio.Task[tuple[Read, float]]]
+
+
+def under_attack(port: int, during: Callable[[Attack], Awaitable[None]]) -> None:
+    """Open `SLOW` dripping connections, run `during` with them, close what is left."""
+
+    async def scenario() -> None:
+        slow = await attack(port, SLOW, 30)
+        try:
+            await during(slow)
+        finally:
+            for task in slow:
+                task.cancel()
+
+    asyncio.run(scenario())
+
+
+async def attack(port: int, count: int, seconds: float) -> Attack:
     stop = time.monotonic() + seconds
     tasks = []
     for _ in range(count):
@@ -86,15 +103,7 @@ def test_slow_heads_do_not_lock_out_a_real_client(
     with running_proxy(sim.server.url, encoding, header_timeout=3.0) as proxy:
         port = port_of(proxy.url)
 
-        async def scenario() -> None:
-            slow = await attack(port, SLOW, 30)
-            try:
-                await served_during(slow)
-            finally:
-                for task in slow:
-                    task.cancel()
-
-        async def served_during(slow: list[asyncio.Task[tuple[Read, float]]]) -> None:
+        async def served_during(slow: Attack) -> None:
             for _ in range(200):  # the server accepts a moment after the client connected
                 if proxy.metric("proxy_client_connections") >= SLOW:
                     break
@@ -115,7 +124,7 @@ def test_slow_heads_do_not_lock_out_a_real_client(
                 assert read.closed
                 assert seconds < 3.0 + 3.0
 
-        asyncio.run(scenario())
+        under_attack(port, served_during)
         assert proxy.metric("proxy_http_limits_total", kind="head_timeout") == SLOW
         assert not proxy.logs.problems()
 
@@ -134,15 +143,7 @@ def test_a_serve_process_under_slowloris(sim: SimThread, tmp_path: Path) -> None
     try:
         port = port_of(process.url)
 
-        async def scenario() -> None:
-            slow = await attack(port, SLOW, 30)
-            try:
-                await refused_then_served(slow)
-            finally:
-                for task in slow:
-                    task.cancel()
-
-        async def refused_then_served(slow: list[asyncio.Task[tuple[Read, float]]]) -> None:
+        async def refused_then_served(slow: Attack) -> None:
             # Over the cap: refused at once with a reason and a time to retry.
             started = time.monotonic()
             refused = exchange(port, request("GET", "/healthz"), timeout=5)
@@ -160,7 +161,7 @@ def test_a_serve_process_under_slowloris(sim: SimThread, tmp_path: Path) -> None
                 answer = await client.post("/v1/responses", json=body())
                 assert sse_events(answer.content)[-1]["type"] == "response.completed"
 
-        asyncio.run(scenario())
+        under_attack(port, refused_then_served)
 
         # Oversized heads: 431, on the real process.
         big = request("GET", "/v1/models", headers=[("x-big", "a" * 70_000)])

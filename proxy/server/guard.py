@@ -28,6 +28,7 @@ The protocol itself: `proxy/server/guard_protocol.py`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import resource
 from collections.abc import Callable
@@ -44,16 +45,20 @@ FD_RESERVE = 64
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """The client-side limits (the settings of the same names, README)."""
+    """The client-side limits: the settings of the same names (config.py, README)."""
 
-    max_header_bytes: int = 64 * 1024
-    max_headers: int = 100
-    header_timeout: float = 10.0
-    body_timeout: float = 30.0
-    body_min_rate: int = 1024
-    keepalive_timeout: float = 75.0
+    max_header_bytes: int
+    max_headers: int
+    header_timeout: float
+    body_timeout: float
+    body_min_rate: int
+    keepalive_timeout: float
     #: 0: no cap.
-    max_connections: int = 2048
+    max_connections: int
+
+    @classmethod
+    def of(cls, settings: Settings) -> Limits:
+        return cls(**{name: getattr(settings, name) for name in cls.__dataclass_fields__})
 
 
 class Guard:
@@ -84,15 +89,8 @@ class Guard:
 def http_guard(settings: Settings, metrics: Metrics, logger: logging.Logger) -> Guard:
     """The guard of `serve`: the limits of `settings`, reported to `metrics`, with
     `max_connections` fitted to the open-file limit (raised to its hard maximum first)."""
-    limits = Limits(
-        max_header_bytes=settings.max_header_bytes,
-        max_headers=settings.max_headers,
-        header_timeout=settings.header_timeout,
-        body_timeout=settings.body_timeout,
-        body_min_rate=settings.body_min_rate,
-        keepalive_timeout=settings.keepalive_timeout,
-        max_connections=fit_connections(settings.max_connections, logger),
-    )
+    fitted = fit_connections(settings.max_connections, logger)
+    limits = dataclasses.replace(Limits.of(settings), max_connections=fitted)
     guard = Guard(limits, lambda kind: metrics.http_limits.labels(kind).inc())
     metrics.client_connections.set_function(lambda: guard.open)
     return guard
