@@ -70,7 +70,8 @@ def test_the_readme_table_lists_every_create_response_field() -> None:
         ),
         ({"access_programs": {"programs": []}}, "access_programs"),
         ({"prompt": {"id": "pmpt_1"}}, "prompt"),
-        ({"background": True}, "background"),
+        # The shell resolves these from the response store (issue 13) before rendering: one
+        # that reaches the renderer means the store is off.
         ({"previous_response_id": "resp_1"}, "previous_response_id"),
         ({"conversation": "conv_1"}, "conversation"),
     ],
@@ -80,6 +81,14 @@ def test_refused_fields_are_400s_naming_them(
 ) -> None:
     error = _refused(encoding, **fields)
     assert (error.param, error.code) == (param, "unsupported_parameter")
+
+
+def test_background_needs_store(encoding: HarmonyEncoding) -> None:
+    """OpenAI's rule: a background response lives in the store (issue 13 serves it)."""
+    error = _refused(encoding, background=True, store=False)
+    assert error.param == "background"
+    assert "store" in error.message
+    _prepare(encoding, background=True)  # with the store: the shell runs it in the background
 
 
 @pytest.mark.parametrize(
