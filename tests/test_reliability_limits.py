@@ -200,7 +200,9 @@ def test_a_body_that_stops_gets_408(
     assert read.closed
     assert limit_count(quick, "body_timeout") == before + 1
     assert len(double.completions()) == completions
-    assert not any(seen.path == route and seen.body for seen in double.seen)
+    # Pass-through streams a body upstream as it arrives: upstream may have seen its start,
+    # never a whole request (the proxy's upstream request was aborted with the client's).
+    assert all(len(seen.body) < len(payload) for seen in double.seen if seen.path == route)
     assert wait_until(lambda: quick.in_flight() == 0, 5)
     assert not quick.logs.problems()
 
