@@ -130,3 +130,12 @@ def test_body_memory_reads_the_rss_of_the_proxy_and_its_workers() -> None:
     assert proxy > 0
     assert workers > 0  # the render worker of the default settings
     assert table["RSS idle, proxy / workers MB"][0].endswith("/ 0")  # render_workers 0
+
+
+def test_http_guard_compares_both_protocols() -> None:
+    table = rows(bench("http_guard.py", "--rounds", "1", "--requests", "20", "--frames", "50"))
+    for kind in ("plain", "guarded"):
+        round_trip, _, per_frame, _, upload, _ = (float(cell) for cell in table[kind])
+        assert round_trip > 0
+        assert per_frame > 0
+        assert upload > 0

@@ -36,6 +36,7 @@ from proxy.harmony.request_check import (
     fail,
     missing,
     present,
+    shown,
     want_bool,
     want_choice,
     want_int,
@@ -169,8 +170,8 @@ def read_fields(value: Any) -> Fields:
         if key not in RESPONSES_FIELDS and key not in EXTRA_FIELDS:
             hint = _CHAT_HINTS.get(key, "it is not a parameter of the Responses API")
             raise ClientError(
-                f"Unknown parameter: '{key}' ({describe(body[key])}): {hint}.",
-                param=key,
+                f"Unknown parameter: '{shown(key)}' ({describe(body[key])}): {hint}.",
+                param=shown(key),
                 code="unknown_parameter",
             )
     _reject_unservable(body)

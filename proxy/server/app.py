@@ -28,6 +28,7 @@ import httpx
 from openai_harmony import HarmonyEncoding
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
@@ -45,6 +46,7 @@ from proxy.metrics import Metrics
 from proxy.server import asgi, passthrough, responses_api
 from proxy.server.background import Background
 from proxy.server.budget import BodyBudget, discard_body, read_body
+from proxy.server.forwarding import ForwardingMiddleware
 from proxy.server.render import InlineRenderer, Renderer, RenderPool
 from proxy.server.render_worker import RenderOptions
 from proxy.server.repair import RepairDeps, ServerState, serve_repaired
@@ -372,6 +374,8 @@ def create_app(
             Route("/metrics", prometheus, methods=["GET"]),
             Mount("/", counted(everything_else)),
         ],
+        # Forwarding headers set from the connection, never the client's (issue 12).
+        middleware=[Middleware(ForwardingMiddleware, trusted_proxies=settings.trusted_proxies)],
         lifespan=lifespan,
     )
     app.state.proxy = state

@@ -502,13 +502,16 @@ async def serve_repaired(
             work = exchange.stream(timed_send) if stream else exchange.answer(timed_send)
             disconnected = await asgi.run_until_disconnect(inbound, work)
         except ProxyError as error:  # before the first byte: an HTTP error
+            # A `stream: false` answer whose upstream broke mid-way was counted by `_fail`
+            # already (issue 12: it was counted twice).
+            counted = exchange.error_code is not None
             exchange.status = error.status
             exchange.error_code = error.code
             outcome = "client_error" if isinstance(error, ClientError) else "upstream_error"
             if isinstance(error, UnavailableError):
                 outcome = "rejected"
                 id_header = [*id_header, (b"retry-after", b"1")]
-            if error.code:
+            if error.code and not counted:
                 kind = "timeout" if error.code == "upstream_timeout" else error.code
                 if isinstance(error, UpstreamError):
                     metrics.upstream_errors.labels(kind).inc()
