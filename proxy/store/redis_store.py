@@ -3,7 +3,9 @@
 Layout (every key under the prefix, `rrp:` by default; a standalone Redis, not a cluster —
 the script below touches keys it derives):
 
-    e:<key>                 hash: scope, doc, created, expires, lease, signals, aliases
+    e:<key>                 hash: scope, doc, created, expires, lease, signals, aliases, and
+                            `top`, the last mark a `Push` gave (a stream refuses an id at or
+                            below one it ever held, even one since deleted)
     l:<key>                 a Redis Stream: the entry's log, entry id `<mark + 1>-0`
     a:<scope>:<alias>       string: the key an alias names
     created / expiry        sorted sets of keys by creation / expiry time (eviction, sweep)
@@ -36,6 +38,8 @@ from proxy.store.base import (
     Entry,
     Lease,
     Op,
+    Push,
+    Remove,
     Signal,
     Stats,
     Store,
@@ -116,6 +120,34 @@ while i <= #ARGV do
       end
     end
     i = i + 4
+  elseif op == 'push' then
+    local count = tonumber(ARGV[i + 2])
+    if redis.call('EXISTS', e) == 1 then
+      local l = p .. 'l:' .. key
+      local top = tonumber(redis.call('HGET', e, 'top') or '-1')
+      local last = redis.call('XREVRANGE', l, '+', '-', 'COUNT', 1)
+      if #last > 0 then
+        top = math.max(top, tonumber(string.match(last[1][1], '^%d+')) - 1)
+      end
+      local added = 0
+      for j = 1, count do
+        top = top + 1
+        redis.call('XADD', l, (top + 1) .. '-0', 'd', ARGV[i + 2 + j])
+        added = added + #ARGV[i + 2 + j]
+      end
+      redis.call('HSET', e, 'top', top)
+      redis.call('PEXPIREAT', l, math.floor(tonumber(redis.call('HGET', e, 'expires')) * 1000))
+      grow(key, added)
+    end
+    i = i + 3 + count
+  elseif op == 'remove' then
+    local l, id = p .. 'l:' .. key, (tonumber(ARGV[i + 2]) + 1) .. '-0'
+    local found = redis.call('XRANGE', l, id, id)
+    if #found > 0 then
+      redis.call('XDEL', l, id)
+      grow(key, -#found[1][2][2])
+    end
+    i = i + 3
   elseif op == 'signal' then
     local raised = redis.call('HGET', e, 'signals')
     local name = ARGV[i + 2]
@@ -173,6 +205,10 @@ def _args(op: Op) -> list[Any]:
         return ["update", op.key, op.doc, lease, "\n".join(op.aliases), added]
     if isinstance(op, Append):
         return ["append", op.key, op.mark, op.data]
+    if isinstance(op, Push):
+        return ["push", op.key, len(op.data), *op.data] if op.data else []
+    if isinstance(op, Remove):
+        return ["remove", op.key, op.mark]
     if isinstance(op, Signal):
         return ["signal", op.key, op.name]
     if isinstance(op, Lease):
