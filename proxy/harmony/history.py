@@ -64,8 +64,8 @@ def stored_input(value: Any, ids: IdFactory) -> list[dict[str, Any]]:
 
 def _parts(content: Any, *, assistant: bool) -> list[Any]:
     """Message content as the list a listed item carries: an assistant's text as `output_text`
-    with `annotations` (openai-python's `ResponseOutputMessage` requires them), others'
-    as given. Both render as the same text content."""
+    with `annotations` (openai-python's `ResponseOutputMessage` requires them) and `logprobs`
+    (OpenAI's spec requires them), others' as given. Both render as the same text content."""
     if isinstance(content, str):
         content = [{"type": "input_text", "text": content}]
     if not assistant:
@@ -73,7 +73,7 @@ def _parts(content: Any, *, assistant: bool) -> list[Any]:
     parts = []
     for part in content:
         if part.get("type") in ("input_text", "output_text"):
-            part = {"annotations": [], **part, "type": "output_text"}
+            part = {"annotations": [], "logprobs": [], **part, "type": "output_text"}
         parts.append(part)
     return parts
 
