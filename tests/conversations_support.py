@@ -38,6 +38,12 @@ class SpecLog:
 
     def __init__(self) -> None:
         self.checked: list[tuple[str, str, str]] = []
+        self._clients: list[OpenAI] = []
+
+    def close_clients(self) -> None:
+        """Close the sync clients made here (their pooled sockets with them)."""
+        while self._clients:
+            self._clients.pop().close()
 
     def schemas(self) -> set[str]:
         return {schema for _, _, schema in self.checked}
@@ -65,20 +71,22 @@ class SpecLog:
                 return
 
     def client(self, base_url: str, key: str, **kwargs: Any) -> OpenAI:
-        """A strict SDK client checked by this log (close it when done)."""
+        """A strict SDK client checked by this log (`close_clients` closes it)."""
 
         def hook(response: httpx.Response) -> None:
             if self.wanted(response):
                 response.read()
                 self.check(response)
 
-        return OpenAI(
+        made = OpenAI(
             base_url=base_url,
             api_key=key,
             _strict_response_validation=True,
             http_client=httpx.Client(event_hooks={"response": [hook]}),
             **kwargs,
         )
+        self._clients.append(made)
+        return made
 
     def async_client(self, base_url: str, key: str, **kwargs: Any) -> AsyncOpenAI:
         """The same, async (openai-agents)."""
