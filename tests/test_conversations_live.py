@@ -35,8 +35,10 @@ def live(encoding: HarmonyEncoding) -> Iterator[Stack]:
 
 
 @pytest.fixture(scope="module")
-def spec() -> SpecLog:
-    return SpecLog()
+def spec() -> Iterator[SpecLog]:
+    log = SpecLog()
+    yield log
+    log.close_clients()
 
 
 @pytest.fixture
@@ -407,6 +409,16 @@ def test_bad_conversation_calls_are_400s(sdk: OpenAI, live: Stack) -> None:
             b"Content-Length: 1099511627776\r\nExpect: 100-continue\r\n\r\n"
         )
         assert sock.recv(4096).startswith(b"HTTP/1.1 413 ")
+    # a client gone half-way through its body: nothing is written, nothing breaks
+    gone = live.metric("proxy_client_disconnects_total", phase="before_upstream")
+    with socket.create_connection(("127.0.0.1", live.proxy.port), timeout=5) as sock:
+        sock.sendall(
+            f"POST /v1/conversations/{key}/items HTTP/1.1\r\nHost: x\r\n"
+            "Authorization: Bearer key-alice\r\n"
+            "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n".encode()
+            + b'{"items": [{"role": "user", "con'
+        )
+    until(lambda: live.metric("proxy_client_disconnects_total", phase="before_upstream") > gone)
     assert listed(sdk, key) == []
 
 

@@ -70,6 +70,9 @@ def routes(deps: RepairDeps, budget: BodyBudget) -> list[Route]:
                 return await handler(request)
             except ProxyError as error:
                 return error_answer(error)
+            except asgi.ClientDisconnected:  # gone while sending its body: nothing was done
+                deps.metrics.disconnects.labels("before_upstream").inc()
+                return Response(status_code=400)
 
         return logged(deps, endpoint)
 
