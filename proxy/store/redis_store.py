@@ -17,9 +17,10 @@ trip, and the bound is enforced in the same step (oldest first). Entries, logs a
 Redis TTLs (`PEXPIREAT`), so Redis forgets them by itself; `sweep` only settles the accounting.
 
 `read_log` is one script call that answers the entries packed into one string (cheaper to parse
-than an XRANGE reply); `wait_log` is `XREAD BLOCK` on the entry's stream: a resume on any replica follows the events
-as the replica that runs the response appends them. Signals travel by pub/sub (a cancel reaches
-the replica that runs the response); they are also kept in the entry for later readers.
+than an XRANGE reply); `wait_log` is `XREAD BLOCK` on the entry's stream: a resume on any
+replica follows the events as the replica that runs the response appends them. Signals travel
+by pub/sub (a cancel reaches the replica that runs the response); they are also kept in the
+entry for later readers.
 """
 
 from __future__ import annotations
