@@ -495,6 +495,25 @@ def test_conversations_expire_with_store_ttl(sdk: OpenAI, live: Stack) -> None:
         _shift[0] = 0.0
 
 
+def test_conversations_are_evicted_oldest_first_under_the_bound(
+    encoding: HarmonyEncoding, spec: SpecLog
+) -> None:
+    """`store_max_bytes` counts a conversation's items: growing one evicts the oldest entry."""
+    with stack(encoding, MemoryStore(max_bytes=20_000)) as small:
+        client = spec.client(small.base_url, "key", max_retries=0)
+        text = "x" * 2000
+        old = client.conversations.create(items=[{"role": "user", "content": text}] * 5).id
+        new = client.conversations.create().id
+        for _ in range(4):  # ~19 KB in all: both kept
+            client.conversations.items.create(new, items=[{"role": "user", "content": text}])
+        assert len(listed(client, old)) == 5
+        for _ in range(2):  # past 20 KB: the oldest conversation goes, the newer one stays
+            client.conversations.items.create(new, items=[{"role": "user", "content": text}])
+        with pytest.raises(openai.NotFoundError):
+            client.conversations.retrieve(old)
+        assert len(listed(client, new)) == 6
+
+
 def test_store_off_refuses_conversations(encoding: HarmonyEncoding, spec: SpecLog) -> None:
     with stack(encoding, None, store_url="off") as off:
         client = spec.client(off.base_url, "key", max_retries=0)

