@@ -203,3 +203,12 @@ def test_include_seals_reasoning_text() -> None:
 def test_first_duplicate() -> None:
     assert conv.first_duplicate(["a", None, "", "b", None, ""]) is None
     assert conv.first_duplicate(["a", "b", "b", "a"]) == "b"
+
+
+def test_input_ids_already_in_the_conversation_are_duplicates() -> None:
+    held = [{"id": "msg_1"}, {"id": "fc_1"}]
+    conv.check_input_ids(held, "a string input")
+    conv.check_input_ids(held, [{"id": "msg_2"}, {"role": "user"}, {"role": "user"}, "x"])
+    assert raised(lambda: conv.check_input_ids(held, [{"id": "fc_1"}])).param == "input"
+    twice = raised(lambda: conv.check_input_ids(held, [{"id": "m"}, {"id": "m"}]))
+    assert twice.message.startswith("Duplicate item found with id m.")

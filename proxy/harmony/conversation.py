@@ -192,6 +192,24 @@ def first_duplicate(ids: Iterable[Any]) -> str | None:
     return None
 
 
+def check_input_ids(items: Sequence[dict[str, Any]], value: Any) -> None:
+    """A create request's input items with an id its conversation's `items` already hold, or
+    one id twice, are a 400, as OpenAI answers them: they are added to the conversation, whose
+    item ids each name one item."""
+    held = {item.get("id") for item in items}
+    own = (
+        [item.get("id") for item in value if isinstance(item, dict)]
+        if isinstance(value, list)
+        else []
+    )
+    for item_id in own:
+        if isinstance(item_id, str) and item_id in held:
+            raise duplicate_error(item_id, "input")
+    duplicate = first_duplicate(own)
+    if duplicate is not None:
+        raise duplicate_error(duplicate, "input")
+
+
 def duplicate_error(item_id: str, param: str) -> ClientError:
     """OpenAI's 400 for an item id the conversation (or the request) already has."""
     return ClientError(

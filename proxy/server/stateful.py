@@ -242,7 +242,7 @@ class Stateful:
         found = await self.references(scope, body.get("input"))
         own = history.with_references(body, found) if found else body
         if conversation is not None:
-            _check_new_ids(items, own.get("input"))
+            conv.check_input_ids(items, own.get("input"))
         merged = history.merged_body(own, items) if previous or conversation else own
         try:
             prepared = await render(merged)
@@ -390,23 +390,6 @@ class Stateful:
         loaded.record = replace(loaded.record, response=loaded.response)
         ops: list[Op] = [Append(loaded.key, mark, data), Update(loaded.key, loaded.record.encode())]
         await self.guard(self.store.apply(ops))
-
-
-def _check_new_ids(items: list[Any], value: Any) -> None:
-    """Input items with an id their conversation already holds, or one id twice, are a 400, as
-    OpenAI answers them: they are appended to the conversation, whose item ids name one item."""
-    held = {item.get("id") for item in items}
-    own = (
-        [item.get("id") for item in value if isinstance(item, dict)]
-        if isinstance(value, list)
-        else []
-    )
-    for item_id in own:
-        if item_id in held and isinstance(item_id, str):
-            raise conv.duplicate_error(item_id, "input")
-    duplicate = conv.first_duplicate(own)
-    if duplicate is not None:
-        raise conv.duplicate_error(duplicate, "input")
 
 
 def _item(record: StoredResponse, item_id: str) -> Any:
