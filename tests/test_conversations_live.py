@@ -283,6 +283,15 @@ def test_only_ended_responses_add_items(sdk: OpenAI, live: Stack) -> None:
         )
     )
     assert assert_well_formed(failed)["status"] == "failed"
+    with pytest.raises(openai.InternalServerError) as refused:  # upstream refused: a 502
+        sdk.responses.create(
+            model=MODEL,
+            input="Break",
+            conversation=key,
+            store=False,
+            extra_headers={"X-Sim-Fault": "http:500"},
+        )
+    assert refused.value.status_code == 502
     stream = sdk.responses.create(
         model=MODEL, input="Leave", conversation=key, stream=True, extra_headers=LONG
     )
