@@ -229,7 +229,9 @@ class Metrics:
             self.renders.labels(path, outcome)
 
         self.store_responses = Gauge(
-            "proxy_store_responses", "Responses in the response store", registry=r
+            "proxy_store_responses",
+            "Entries in the response store: responses and conversations",
+            registry=r,
         )
         self.store_bytes = Gauge(
             "proxy_store_bytes",
