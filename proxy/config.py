@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import fnmatch
+import ipaddress
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -63,6 +64,20 @@ def _positive_int(value: str) -> int:
     if number < 1:
         raise ValueError("must be 1 or more")
     return number
+
+
+def _addresses(value: str) -> tuple[str, ...]:
+    entries = tuple(part.strip() for part in value.split(",") if part.strip())
+    for entry in entries:
+        if entry == "*":
+            continue
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            raise ValueError(
+                f"{entry[:100]!r} is not an IP address or CIDR block (or * for any peer)"
+            ) from None
+    return entries
 
 
 def _port(value: str) -> int:
@@ -176,6 +191,31 @@ FIELDS: tuple[Field, ...] = (
           "it is a 400, or with truncation 'auto' the oldest input items are dropped to fit"),
     Field("max_concurrent_streams", _non_negative_int, 0,
           "repaired requests served at once; more get 429 with Retry-After (0: no limit)"),
+    # HTTP server limits on the client side (issue 12; nginx/Envoy semantics, proxy/server/guard.py)
+    Field("max_header_bytes", _positive_int, 64 * 1024,
+          "largest request head (request target and header lines) accepted; 431 above it"),
+    Field("max_headers", _positive_int, 100,
+          "most header lines a request may have; 431 above it"),
+    Field("header_timeout", _positive_float, 10.0,
+          "seconds a client may take to send a whole request head (from its first byte, or "
+          "from connecting); then 408 and close (slowloris)"),
+    Field("body_timeout", _positive_float, 30.0,
+          "seconds a request body may pause; after its first body_timeout seconds it must "
+          "also average body_min_rate; else 408"),
+    Field("body_min_rate", _non_negative_int, 1024,
+          "bytes per second a request body must average once it took body_timeout seconds "
+          "(0: no minimum)"),
+    Field("keepalive_timeout", _positive_float, 75.0,
+          "seconds an idle keep-alive client connection stays open (above the 5 s of "
+          "common client pools, so the client closes first)"),
+    Field("max_connections", _non_negative_int, 2048,
+          "open client connections; over it the longest-idle keep-alive connection is closed, "
+          "or without one the new connection gets 503 (0: no cap; lowered to fit the "
+          "open-file limit)"),
+    Field("trusted_proxies", _addresses, (),
+          "comma-separated IPs or CIDR blocks of proxies in front of this one: their "
+          "X-Forwarded-For chain is appended to and names the client; from other peers "
+          "forwarding headers are replaced"),
     Field("passthrough_when_incapable", _bool, False,
           "when upstream cannot return token ids, pass /v1/responses through unrepaired "
           "instead of answering 502"),
@@ -196,8 +236,9 @@ FIELDS: tuple[Field, ...] = (
           secret=True),
 
     Field("store_url", check_store_url, "embedded",
-          "where responses are stored (issue 13): embedded (SQLite in data_dir, shared by the "
-          "processes of one host), redis://HOST:PORT/DB (replicas), memory:// (tests), or off"),
+          "where responses and conversations are stored (issues 13, 16): embedded (SQLite in "
+          "data_dir, shared by the processes of one host), redis://HOST:PORT/DB (replicas), "
+          "memory:// (tests), or off"),
     Field("data_dir", str, "data",
           "directory of the embedded store (a volume in the deploy files)"),
     Field("store_ttl", _positive_float, 30 * 24 * 3600.0,
@@ -242,6 +283,14 @@ class Settings:
     max_body_bytes: int = 16 * 1024 * 1024
     max_prompt_tokens: int = 131_072
     max_concurrent_streams: int = 0
+    max_header_bytes: int = 64 * 1024
+    max_headers: int = 100
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
+    body_min_rate: int = 1024
+    keepalive_timeout: float = 75.0
+    max_connections: int = 2048
+    trusted_proxies: tuple[str, ...] = ()
     passthrough_when_incapable: bool = False
     delta_mode: str = "coalesce"
     metrics_models: tuple[str, ...] = ()

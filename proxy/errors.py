@@ -15,6 +15,11 @@ from __future__ import annotations
 
 from typing import Any
 
+#: The most of a message / `param` an error body carries: the last bound on quoted client input
+#: (the request readers quote at most ~200 characters of a value or key; issue 12).
+MESSAGE_CHARS = 1000
+PARAM_CHARS = 200
+
 
 class ProxyError(Exception):
     """Base of the errors the proxy turns into an HTTP error response."""
@@ -39,11 +44,16 @@ class ProxyError(Exception):
 
     def to_body(self) -> dict[str, Any]:
         """The OpenAI error body: `{"error": {"message", "type", "param", "code"}}`."""
+        message, param = self.message, self.param
+        if len(message) > MESSAGE_CHARS:
+            message = message[:MESSAGE_CHARS] + "…"
+        if param is not None and len(param) > PARAM_CHARS:
+            param = param[:PARAM_CHARS] + "…"
         return {
             "error": {
-                "message": self.message,
+                "message": message,
                 "type": self.error_type,
-                "param": self.param,
+                "param": param,
                 "code": self.code,
             }
         }

@@ -14,7 +14,9 @@ from typing import Final
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from proxy import __version__
-from proxy.harmony.record import RepairRecord
+from proxy.harmony.events import ITEM_EVENT_TYPES
+from proxy.harmony.items import CHANNELS
+from proxy.harmony.record import MALFORMED_KINDS, RepairRecord
 
 OUTCOMES = (
     "completed",
@@ -57,6 +59,16 @@ RENDER_LABELS = (
     ("worker", "queue_full"),
     ("worker", "worker_died"),
     ("worker", "failed"),
+)
+#: `proxy_http_limits_total{kind}`: what the client-side HTTP limits stopped (server/guard.py).
+HTTP_LIMIT_KINDS = (
+    "head_too_large",
+    "too_many_headers",
+    "head_timeout",
+    "body_timeout",
+    "idle_shed",
+    "connection_refused",
+    "pipeline_full",
 )
 
 _FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
@@ -245,6 +257,15 @@ class Metrics:
             "1 when upstream's /v1/completions returns token ids (startup probe)",
             registry=r,
         )
+        self.http_limits = Counter(
+            "proxy_http_limits",
+            "Client connections or requests stopped by an HTTP server limit, by kind",
+            ["kind"],
+            registry=r,
+        )
+        self.client_connections = Gauge(
+            "proxy_client_connections", "Open client connections", registry=r
+        )
         self.ready = Gauge("proxy_ready", "1 when /readyz answers 200", registry=r)
         self.draining = Gauge("proxy_draining", "1 after SIGTERM", registry=r)
         # Issue 12: where requests were rendered (inline on the loop, or in a worker process)
@@ -256,7 +277,9 @@ class Metrics:
             self.renders.labels(path, outcome)
 
         self.store_responses = Gauge(
-            "proxy_store_responses", "Responses in the response store", registry=r
+            "proxy_store_responses",
+            "Entries in the response store: responses and conversations",
+            registry=r,
         )
         self.store_bytes = Gauge(
             "proxy_store_bytes",
@@ -291,10 +314,12 @@ class Metrics:
         build.labels(__version__, harmony_version).set(1)
         # Export zeros for the fixed label sets, so that rates, ratios and alerts have series
         # from the first scrape instead of "no data" until the first event of each kind
-        # (unlabelled metrics export their 0 by themselves).
-        for stream in ("true", "false"):
-            for outcome in OUTCOMES:
-                self.requests.labels("responses", stream, outcome, "other")
+        # (unlabelled metrics export their 0 by themselves; issue 12, item 8). Each set is the
+        # code's own: the core's malformed kinds, event types and channels, the error codes.
+        for model in ("other", *sorted(self._models)):
+            for stream in ("true", "false"):
+                for outcome in OUTCOMES:
+                    self.requests.labels("responses", stream, outcome, model)
         for phase in DISCONNECT_PHASES:
             self.disconnects.labels(phase)
         for kind in TIMEOUT_KINDS:
@@ -303,6 +328,16 @@ class Metrics:
             self.upstream_errors.labels(kind)
         for status_class in ("2xx", "4xx", "5xx"):
             self.passthrough.labels(status_class)
+        for kind in MALFORMED_KINDS:
+            self.malformed.labels(kind)
+        for kind in HTTP_LIMIT_KINDS:
+            self.http_limits.labels(kind)
+        for event_type in ITEM_EVENT_TYPES:
+            self.recovered_events.labels(event_type)
+        for channel in CHANNELS:
+            self.tokens.labels(channel)
+            self.recovered_chars.labels(channel)
+            self.recovered_tokens.labels(channel)
         for op in STORE_OPS:
             self.store_errors.labels(op)
         for reason in STORE_EVICTIONS:

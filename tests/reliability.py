@@ -33,6 +33,7 @@ from proxy.config import Settings
 from proxy.harmony.request import prepare_request
 from proxy.harmony.response import CountingIds
 from proxy.server.app import create_app
+from proxy.server.guard import http_guard
 from proxy.simulator import SimulatorConfig
 from proxy.simulator.model import Completion, ScriptedModel
 from tests.live import LiveServer, free_port, wait_for
@@ -182,7 +183,9 @@ def running_proxy(
     logger = logging.getLogger("responses_repair_proxy.reliability")
     logger.setLevel(logging.INFO)
     app = create_app(settings, encoding, ids=CountingIds(), registry=registry, logger=logger)
-    with LiveServer(app) as server, logs.attached():  # the proxy's log propagates to it
+    # The HTTP guard and forwarding set-up of `serve` (issue 12), so live tests see what users run.
+    options = http_guard(settings, app.state.metrics, logger).uvicorn_options()
+    with LiveServer(app, **options) as server, logs.attached():  # the proxy's log propagates
         logs.thread = server._thread.ident
         assert wait_for(lambda: app.state.proxy.capability.token_ids, 10), "probe failed"
         yield Proxy(server, registry, logs, app)

@@ -86,6 +86,20 @@ def test_store_cost_measures_every_store_without_errors() -> None:
     assert float(table["embedded"][4]) > 0  # stored KB per response measured
 
 
+def test_conversation_cost_measures_every_store_without_errors() -> None:
+    output = bench(
+        "conversation_cost.py",
+        *("--repeats", "2", "--length", "40", "--appends", "8"),
+        *("--concurrency", "2", "--history", "25"),
+    )
+    table = rows(output)
+    for store in ("memory", "embedded", "redis"):
+        assert table[store][-1] == "0", table  # no errors
+        assert float(table[f"{store} 20 items @ 40"][0]) > 0  # appends timed
+        assert float(table[f"{store}, 25 items"][0]) > 0  # requests with `conversation` timed
+    assert float(table["embedded"][2]) > 0  # stored bytes per item measured
+
+
 @pytest.mark.parametrize(
     ("script", "args", "expect"),
     [
@@ -151,3 +165,12 @@ def test_body_memory_reads_the_rss_of_the_proxy_and_its_workers() -> None:
     assert proxy > 0
     assert workers > 0  # the render worker of the default settings
     assert table["RSS idle, proxy / workers MB"][0].endswith("/ 0")  # render_workers 0
+
+
+def test_http_guard_compares_both_protocols() -> None:
+    table = rows(bench("http_guard.py", "--rounds", "1", "--requests", "20", "--frames", "50"))
+    for kind in ("plain", "guarded"):
+        round_trip, _, per_frame, _, upload, _ = (float(cell) for cell in table[kind])
+        assert round_trip > 0
+        assert per_frame > 0
+        assert upload > 0

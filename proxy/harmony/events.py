@@ -28,6 +28,21 @@ DELTA_TYPE = {
     FUNCTION_CALL: "response.function_call_arguments.delta",
 }
 
+#: Every item-level event type the core emits (what `RepairRecord.recovered_events` counts); the
+#: metrics export each at zero from start-up (issue 12, item 8).
+ITEM_EVENT_TYPES = (
+    "response.output_item.added",
+    "response.output_item.done",
+    "response.content_part.added",
+    "response.content_part.done",
+    *DELTA_TYPE.values(),
+    "response.output_text.done",
+    "response.reasoning_text.done",
+    "response.function_call_arguments.done",
+    "response.web_search_call.in_progress",
+    "response.web_search_call.completed",
+)
+
 
 class EventLog:
     """Collects the events of one `feed`/`finish` call, stamping dense sequence numbers."""

@@ -28,6 +28,18 @@ from proxy.harmony.items import (
     OpenItem,
 )
 
+#: Every kind of malformed model output the core counts (the keys of `RepairRecord.malformed`);
+#: the metrics export each at zero from start-up (issue 12, item 8).
+MALFORMED_KINDS = (
+    "missing_end",
+    "token_outside_message",
+    "invalid_header",
+    "invalid_content_token",
+    "invalid_token_id",
+    "unexpected_role",
+    "incomplete_header",
+)
+
 #: Which accounting channel the unpatched stream's deltas of each type carry.
 _UNPATCHED_DELTA_CHANNEL = {
     "response.reasoning_text.delta": REASONING_CHANNEL,

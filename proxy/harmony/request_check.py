@@ -26,6 +26,9 @@ MAX_DEPTH = 100
 _INT_MIN = -(2**63)  # orjson encodes signed and unsigned 64-bit integers, nothing wider
 _INT_MAX = 2**64 - 1
 _SHOWN_CHARS = 60
+#: Longest field path quoted in a message or `param` (issue 12: a 2 MB unknown key came back
+#: whole in the 400 body).
+_SHOWN_PATH = 200
 
 
 def describe(value: Any) -> str:
@@ -48,13 +51,20 @@ def describe(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
+def shown(path: str) -> str:
+    """`path` as quoted in an error: at most `_SHOWN_PATH` characters of it."""
+    return path if len(path) <= _SHOWN_PATH else path[:_SHOWN_PATH] + "…"
+
+
 def fail(path: str, value: Any, problem: str, *, code: str = "invalid_value") -> NoReturn:
     """Raise the 400 for `path` holding `value`: `'<path>' is <value>: <problem>`."""
+    path = shown(path)
     raise ClientError(f"'{path}' is {describe(value)}: {problem}", param=path, code=code)
 
 
 def missing(path: str) -> NoReturn:
     """Raise the 400 for a required field that is absent (or null)."""
+    path = shown(path)
     raise ClientError(
         f"Missing required parameter: '{path}'.", param=path, code="missing_required_parameter"
     )
@@ -111,7 +121,7 @@ def check_keys(obj: Mapping[str, Any], allowed: Collection[str], path: str, what
     """Reject the first key of `obj` outside `allowed` (e.g. the chat-completions `seed`)."""
     for key in obj:
         if key not in allowed:
-            where = at(path, key)
+            where = shown(at(path, key))
             raise ClientError(
                 f"Unknown parameter: '{where}' ({describe(obj[key])}) is not a field of {what}.",
                 param=where,

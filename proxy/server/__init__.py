@@ -9,4 +9,7 @@ passthrough.py  everything else, to upstream untouched
 asgi.py         small ASGI blocks: bounded body reads, JSON answers, disconnects, headers
 selfcheck.py    deltas against the terminal snapshot, on every stream
 runner.py       uvicorn on uvloop, the drain on SIGTERM, the metrics port, the simulator
+guard.py        client-side HTTP limits (heads, slow clients, keep-alive, connections; issue 12)
+guard_protocol.py  the uvicorn protocol that applies them, and answers pipelines in order
+forwarding.py   forwarding headers set from the connection, never the client's (issue 12)
 """

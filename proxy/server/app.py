@@ -7,6 +7,7 @@ GET  /readyz         readiness: upstream reachable (its /health) and able to ret
 GET  /metrics        Prometheus metrics of the proxy
 *    /v1/responses/…   the stored responses (responses_api.py, issue 13), on the store the
                      lifespan opens from `store_url` (background runs: background.py)
+*    /v1/conversations…  conversations and their items (conversations_api.py, issue 16)
 *    /upstream/metrics  upstream's own /metrics (JSON iteration stats), passed through
 *    anything else   passed through to upstream untouched (passthrough.py)
 """
@@ -28,6 +29,7 @@ import httpx
 from openai_harmony import HarmonyEncoding
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
@@ -43,9 +45,10 @@ from proxy.harmony.request_prefix import PrefixCache
 from proxy.harmony.response import IdFactory, random_id
 from proxy.logs import get_logger
 from proxy.metrics import Metrics
-from proxy.server import asgi, passthrough, responses_api
+from proxy.server import asgi, conversations_api, passthrough, responses_api
 from proxy.server.background import Background
 from proxy.server.budget import BodyBudget, discard_body, read_body
+from proxy.server.forwarding import ForwardingMiddleware
 from proxy.server.render import InlineRenderer, Renderer, RenderPool
 from proxy.server.render_worker import RenderOptions
 from proxy.server.repair import RepairDeps, ServerState, serve_repaired
@@ -369,11 +372,14 @@ def create_app(
         routes=[
             Route("/v1/responses", _Raw(counted(responses)), methods=None),
             *responses_api.routes(deps, forward_unknown),
+            *conversations_api.routes(deps, budget),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", prometheus, methods=["GET"]),
             Mount("/", counted(everything_else)),
         ],
+        # Forwarding headers set from the connection, never the client's (issue 12).
+        middleware=[Middleware(ForwardingMiddleware, trusted_proxies=settings.trusted_proxies)],
         lifespan=lifespan,
     )
     app.state.proxy = state

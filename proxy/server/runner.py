@@ -43,6 +43,7 @@ from starlette.routing import Route
 from proxy.config import Settings
 from proxy.server import asgi
 from proxy.server.app import create_app
+from proxy.server.guard import http_guard
 from proxy.server.repair import ServerState
 
 #: Seconds given to streams ended at the drain timeout to write their terminal events.
@@ -163,6 +164,8 @@ async def serve(settings: Settings, encoding: HarmonyEncoding, logger: logging.L
     # A pass-through answer that upstream breaks after our head is aborted by raising
     # `ResponseAborted` (logged and counted by the app already): not an error for uvicorn.
     asgi.quiet_aborts()
+    # Client-side HTTP limits and forwarding (issue 12): guard.py, forwarding.py.
+    guard = http_guard(settings, app.state.metrics, logger)
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -173,6 +176,7 @@ async def serve(settings: Settings, encoding: HarmonyEncoding, logger: logging.L
         # The drain is ours (DrainingServer): uvicorn's own wait only covers what is left.
         timeout_graceful_shutdown=_UVICORN_GRACE,
         server_header=False,
+        **guard.uvicorn_options(),
     )
     server = DrainingServer(config, state, settings.drain_timeout, settings.drain_linger)
     side = None

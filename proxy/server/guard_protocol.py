@@ -1,0 +1,410 @@
+"""The guarded HTTP/1.1 protocol: uvicorn's `HttpToolsProtocol` with the limits of
+`proxy/server/guard.py` (issue 12, items 2 and 7).
+
+Theory of operation. A connection is, at any time, waiting for or inside a head (`_in_head`;
+`_head_bytes` counts what arrived of it), or inside a body (`_in_body`), while zero or
+more of its requests are being answered (`_running`, then uvicorn's `pipeline` queue). The head
+timer runs from the accept, or from the first byte of a later request, until the head is in;
+the body timer from then until the body is in. A refusal (`_Refusal`, raised from a parser
+callback so that llhttp stops) is answered at once, or after the answers ahead of it; from
+then on input is read and dropped (`_discarding`) until the lingering close ends.
+
+Pipelining (item 7). uvicorn answers pipelined requests in order from a queue, but its
+`connection_lost` tells only the newest parsed request (`self.cycle`) that the client went away:
+a stream running ahead of a queued request kept its upstream request generating after the client
+closed, then failed writing to the closed transport ("Exception in ASGI application"). Here
+every request of the connection, running or queued, sees `http.disconnect`. A client may queue
+at most `MAX_PIPELINED` requests behind the running one: those are all answered, the last with
+`connection: close`, and what followed them is dropped (RFC 9112 §9.3.2: a client retries the
+requests a closed connection left unanswered), so a connection's memory stays bounded. A client
+that half-closes ends the connection, as in uvicorn (and nginx, which aborts a proxied request on
+it): a half-close cannot be told from a client gone, and a gone client's GPU slot matters more.
+
+Cost: nothing on the send path. Per request a few Python calls and a pass over the header list
+(~4 µs of CPU on the benchmark machine, bench/http_guard.py); a timer only for a head or body
+that a read left unfinished; per received chunk of a body an addition and a clock read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import httptools
+import orjson
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
+
+from proxy.errors import ClientError, ProxyError
+
+if TYPE_CHECKING:
+    from proxy.server.guard import Guard
+
+#: Requests a client may queue behind the one being answered (module doc, item 7).
+MAX_PIPELINED = 32
+#: How long a connection we answered and closed still drains what its client sends.
+LINGER_SECONDS = 1.0
+_LINGER_BYTES = 256 * 1024
+
+
+class _Refusal(Exception):
+    """Raised from a parser callback to stop parsing a request we answer ourselves."""
+
+    def __init__(self, kind: str, status: int, error: ProxyError) -> None:
+        super().__init__(kind)
+        self.kind = kind
+        self.status = status
+        self.error = error
+
+
+class GuardedProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the limits of the module doc (bound to a `Guard` by
+    `Guard.protocol`)."""
+
+    guard: ClassVar[Guard]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._limits = self.guard.limits
+        # uvicorn's keep-alive timer, in seconds as given (its Config takes whole seconds).
+        self.timeout_keep_alive = self._limits.keepalive_timeout  # type: ignore[assignment]
+        self._counted = False
+        self._idle = False
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._in_head = True  # between two requests, or inside a head
+        #: Bytes of the reads that began between requests, until a head is in: what bounds a
+        #: head not yet complete (the parser holds its unfinished line itself), give or take the
+        #: part of one read that followed an earlier request.
+        self._head_bytes = 0
+        self._in_body = False
+        self._body_bytes = 0
+        self._body_started = 0.0
+        self._body_seen = 0.0
+        self._running: RequestResponseCycle | None = None
+        #: Answered (or over the pipeline limit): input is dropped, never parsed again.
+        self._discarding = False
+        self._discard_budget: int | None = None
+        #: A refusal waiting for the responses ahead of it (a pipelined bad head).
+        self._pending: _Refusal | None = None
+
+    # -- connections -----------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        guard = self.guard
+        guard.open += 1
+        self._counted = True
+        # nginx's client_header_timeout runs from the accept: a connection that never sends a
+        # head is closed like one that sends it too slowly.
+        self._head_timer = self.loop.call_later(self._limits.header_timeout, self._head_timeout)
+        cap = self._limits.max_connections
+        if cap and guard.open > cap:
+            if guard.idle:
+                oldest = next(iter(guard.idle))
+                guard.observe("idle_shed")
+                oldest._close_idle()
+            else:
+                guard.observe("connection_refused")
+                error = ProxyError(
+                    f"the proxy has its limit of {cap} client connections open; retry shortly",
+                    status=503,
+                    code="too_many_connections",
+                )
+                self._answer(503, error, [b"retry-after: 1\r\n"])
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._counted:
+            self._counted = False
+            self.guard.open -= 1
+        self._leave_idle()
+        self._cancel_timers()
+        # Every request of the connection learns that its client is gone, not only the newest
+        # parsed one (uvicorn's `self.cycle`): a running stream ahead of a pipelined request
+        # must stop, and release its upstream request, at once (module doc, item 7).
+        for cycle in self._cycles():
+            if not cycle.response_complete:
+                cycle.disconnected = True
+            cycle.message_event.set()
+        super().connection_lost(exc)
+
+    def _cycles(self) -> Iterator[RequestResponseCycle]:
+        if self._running is not None:
+            yield self._running
+        for cycle, _app in self.pipeline:
+            yield cycle
+        if self.cycle is not None:
+            yield self.cycle
+
+    def _responding(self) -> bool:
+        """A response of this connection is under way or queued."""
+        running = self._running
+        return bool(self.pipeline) or (running is not None and not running.response_complete)
+
+    def _close_idle(self) -> None:
+        self._leave_idle()
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def _leave_idle(self) -> None:
+        if self._idle:
+            self._idle = False
+            self.guard.idle.pop(self, None)
+
+    # -- input -----------------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        # uvicorn's data_received, with the head/body accounting and our own refusals (theirs
+        # would answer a callback's exception with a plain 400).
+        if self._discarding:
+            self._discard(len(data))
+            return
+        if self._idle:
+            self._leave_idle()
+        self._unset_keepalive_if_required()
+        if self._in_head:
+            self._head_bytes += len(data)
+        elif self._in_body:
+            self._body_bytes += len(data)
+            self._body_seen = self.loop.time()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            refusal = exc.__context__
+            if isinstance(refusal, _Refusal):
+                self._refuse(refusal)
+            elif isinstance(refusal, _PipelineFull):
+                self._stop_reading_requests()
+            else:
+                self._bad_request()
+            return
+        except httptools.HttpParserError:
+            self._bad_request()
+            return
+        except httptools.HttpParserUpgrade:  # `ws="none"`: served as plain HTTP, as uvicorn does
+            self._unsupported_upgrade_warning()
+            return
+        # Timers only for what this chunk left unfinished: most requests arrive whole in one
+        # read and never arm one (the first byte came in this very call).
+        if self._discarding:
+            return
+        if self._in_head:
+            if self._head_bytes > self._limits.max_header_bytes:
+                # A head this long that is still incomplete (the parser holds its partial line).
+                self._refuse(self._too_large())
+            elif self._head_bytes and self._head_timer is None:
+                self._head_timer = self.loop.call_later(
+                    self._limits.header_timeout, self._head_timeout
+                )
+        elif self._in_body and self._body_timer is None:
+            self._body_started = self._body_seen = self.loop.time()
+            self._body_timer = self.loop.call_later(self._limits.body_timeout, self._body_check)
+
+    def _bad_request(self) -> None:
+        msg = "Invalid HTTP request received."
+        self.logger.warning(msg)
+        self.send_400_response(msg)
+
+    def on_headers_complete(self) -> None:
+        # Checked once the head is in (uvicorn has collected it), not per header: no Python
+        # call per header line. An unfinished head is bounded by `_head_bytes` meanwhile.
+        limits = self._limits
+        if len(self.headers) > limits.max_headers:
+            raise _Refusal(
+                "too_many_headers",
+                431,
+                ClientError(
+                    f"the request has more than {limits.max_headers} header fields",
+                    status=431,
+                    code="request_header_fields_too_large",
+                ),
+            )
+        size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+        if size > limits.max_header_bytes:
+            raise self._too_large()
+        if len(self.pipeline) >= MAX_PIPELINED:
+            raise _PipelineFull()
+        self._cancel_head_timer()
+        self._in_head = False
+        self._head_bytes = 0
+        self._in_body = True
+        self._body_bytes = 0
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._in_body = False
+        self._in_head = True
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        self._running = cycle
+        super()._start_asgi_task(cycle, app)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.transport.is_closing() or self._responding():
+            return
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self._answer(pending.status, pending.error)
+        elif self._head_bytes or self._in_body:
+            # The next request is arriving: its own timers rule, not keep-alive's.
+            self._unset_keepalive_if_required()
+        elif not self._discarding:
+            self._idle = True
+            self.guard.idle[self] = None
+
+    # -- limits ----------------------------------------------------------------------------
+
+    def _too_large(self) -> _Refusal:
+        limit = self._limits.max_header_bytes
+        return _Refusal(
+            "head_too_large",
+            431,
+            ClientError(
+                f"the request head exceeds the limit of {limit} bytes",
+                status=431,
+                code="request_header_fields_too_large",
+            ),
+        )
+
+    def _head_timeout(self) -> None:
+        self._head_timer = None
+        if self._responding():
+            # The client is being answered; a pipelined head behind it may wait for that.
+            self._head_timer = self.loop.call_later(self._limits.header_timeout, self._head_timeout)
+            return
+        if not self._head_bytes:
+            self.guard.observe("head_timeout")
+            self.transport.close()  # it never sent a byte: nobody to answer
+            return
+        seconds = self._limits.header_timeout
+        error = ClientError(
+            f"the request head was not received within {seconds:g} s",
+            status=408,
+            code="request_timeout",
+        )
+        self._refuse(_Refusal("head_timeout", 408, error))
+
+    def _body_check(self) -> None:
+        self._body_timer = None
+        if not self._in_body or self._discarding:
+            return
+        limits = self._limits
+        now = self.loop.time()
+        if self.flow.read_paused:
+            # We stopped reading (the app is not taking the body yet): the client is not late.
+            self._body_started = self._body_seen = now
+            self._body_bytes = 0
+            self._body_timer = self.loop.call_later(limits.body_timeout, self._body_check)
+            return
+        idle_until = self._body_seen + limits.body_timeout
+        late = now - self._body_started - limits.body_timeout
+        if now >= idle_until:
+            problem = f"no data for {limits.body_timeout:g} s"
+        elif limits.body_min_rate and late > 0 and self._body_bytes < limits.body_min_rate * late:
+            problem = f"arriving slower than {limits.body_min_rate} bytes/s"
+        else:
+            wait = min(idle_until - now, limits.body_timeout / 2)
+            self._body_timer = self.loop.call_later(max(wait, 0.01), self._body_check)
+            return
+        self.guard.observe("body_timeout")
+        cycle = self.cycle
+        if cycle is self._running and not cycle.response_started:
+            # The app waits for the body: it gets `http.disconnect` (its sends are dropped from
+            # now on) and the client our 408.
+            self._disconnect_all()
+            error = ClientError(
+                f"the request body was not received in time: {problem}",
+                status=408,
+                code="request_timeout",
+            )
+            self._answer(408, error)
+        else:
+            # A response is already under way (or queued ahead): nothing more can be said.
+            self._disconnect_all()
+            self.transport.close()
+
+    def _refuse(self, refusal: _Refusal) -> None:
+        """Answer a request we stopped parsing: now, or after the responses ahead of it."""
+        self.guard.observe(refusal.kind)
+        if self._responding():
+            self._pending = refusal
+            self._discarding = True
+            self._cancel_timers()
+            return
+        self._answer(refusal.status, refusal.error)
+
+    def _stop_reading_requests(self) -> None:
+        """Too many pipelined requests: answer those queued, the last one closing (module doc)."""
+        self.guard.observe("pipeline_full")
+        self._discarding = True
+        self._cancel_timers()
+        newest, _app = self.pipeline[0]  # uvicorn queues with appendleft
+        newest.keep_alive = False
+
+    def _disconnect_all(self) -> None:
+        for cycle in self._cycles():
+            if not cycle.response_complete:
+                cycle.disconnected = True
+            cycle.message_event.set()
+
+    def _answer(self, status: int, error: ProxyError, extra: list[bytes] | None = None) -> None:
+        """Write `error` as the connection's last answer, then close it lingering."""
+        body = orjson.dumps(error.to_body())
+        head = [STATUS_LINE[status]]
+        for name, value in self.server_state.default_headers:
+            head += [name, b": ", value, b"\r\n"]
+        head += [
+            b"content-type: application/json\r\n",
+            b"content-length: %d\r\n" % len(body),
+            b"connection: close\r\n",
+            *(extra or []),
+            b"\r\n",
+            body,
+        ]
+        transport = self.transport
+        self._discarding = True
+        self._cancel_timers()
+        self._unset_keepalive_if_required()
+        self._leave_idle()
+        if transport.is_closing():
+            return
+        transport.write(b"".join(head))
+        if not transport.can_write_eof():  # pragma: no cover - TLS; the proxy serves plain TCP
+            transport.close()
+            return
+        # Our FIN after the answer; keep reading (and dropping) until the client closes too.
+        transport.write_eof()
+        self._discard_budget = _LINGER_BYTES
+        self.flow.resume_reading()
+        self._head_timer = self.loop.call_later(LINGER_SECONDS, transport.close)
+
+    def _discard(self, size: int) -> None:
+        if self._discard_budget is None:
+            return  # over the pipeline limit: answers are still being written
+        self._discard_budget -= size
+        if self._discard_budget < 0:
+            self.transport.close()
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _cancel_timers(self) -> None:
+        self._cancel_head_timer()
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+
+class _PipelineFull(Exception):
+    """Raised from `on_headers_complete` when `MAX_PIPELINED` requests wait already."""
