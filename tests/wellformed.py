@@ -73,7 +73,8 @@ def _check_logprobs(where: str, entries: Any, text: str, *, exact: bool) -> None
     for entry in entries:
         assert set(entry) == {"token", "logprob", "bytes", "top_logprobs"}, f"{where}: {entry}"
         assert isinstance(entry["token"], str), where
-        assert isinstance(entry["logprob"], float | int) and entry["logprob"] <= 0, where
+        assert isinstance(entry["logprob"], float | int), where
+        assert entry["logprob"] <= 0, where
         assert all(isinstance(b, int) and 0 <= b < 256 for b in entry["bytes"]), where
         for alternative in entry["top_logprobs"]:
             assert set(alternative) == {"token", "logprob", "bytes"}, f"{where}: {alternative}"

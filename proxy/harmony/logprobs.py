@@ -37,7 +37,7 @@ class Logprobs:
     """Builds the logprob entries of one response (module doc); `top` is the request's
     `top_logprobs` (0-20)."""
 
-    __slots__ = ("_tokens", "_table", "top")
+    __slots__ = ("_table", "_tokens", "top")
 
     def __init__(self, table: TokenTable, top: int) -> None:
         self._table = table

@@ -144,7 +144,8 @@ class TokenMachine:
         return stop
 
     def _entry(self, item: OpenItem, token: int, position: int) -> None:
-        assert self._logprobs is not None and item.logprobs is not None
+        assert self._logprobs is not None
+        assert item.logprobs is not None
         top = self._top
         item.logprobs.append(
             self._logprobs.entry(
