@@ -66,9 +66,10 @@ def _check_usage(usage: Any) -> None:
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
 
 
-def _check_logprobs(where: str, entries: Any, text: str, *, exact: bool) -> None:
+def _check_logprobs(where: str, entries: Any, text: str, *, exact: bool, cut: bool) -> None:
     """A message's logprob entries (issue 15): OpenAI's `LogProb` shape, and — `exact` — their
-    `bytes` concatenate to the text's UTF-8, byte for byte."""
+    `bytes` concatenate to the text's UTF-8, byte for byte; `cut` (an incomplete item) allows
+    the bytes of a character the end of generation cut off after them (at most 3)."""
     assert isinstance(entries, list), f"{where}: logprobs {entries!r}"
     for entry in entries:
         assert set(entry) == {"token", "logprob", "bytes", "top_logprobs"}, f"{where}: {entry}"
@@ -80,8 +81,14 @@ def _check_logprobs(where: str, entries: Any, text: str, *, exact: bool) -> None
             assert set(alternative) == {"token", "logprob", "bytes"}, f"{where}: {alternative}"
             assert bytes(alternative["bytes"]) == alternative["token"].encode(), where
     if exact:
-        joined = b"".join(bytes(entry["bytes"]) for entry in entries)
-        assert joined == text.encode(), f"{where}: token bytes {joined!r} != text {text!r}"
+        joined, data = b"".join(bytes(entry["bytes"]) for entry in entries), text.encode()
+        if cut and joined != data:
+            assert joined.startswith(data), f"{where}: token bytes {joined!r} != text {text!r}"
+            rest = joined[len(data) :]
+            assert len(rest) < 4, f"{where}: {rest!r} after the text"
+            assert rest.decode(errors="replace") == "\ufffd", f"{where}: {rest!r} after the text"
+        else:
+            assert joined == data, f"{where}: token bytes {joined!r} != text {text!r}"
 
 
 def assert_well_formed(
@@ -197,8 +204,6 @@ def assert_well_formed(
             current.text_done = text
             if current.kind == "message":
                 assert event["logprobs"] == current.logprobs, f"{where}: logprobs != deltas'"
-                if logprobs:
-                    _check_logprobs(where, event["logprobs"], text, exact=not invalid_utf8)
             if current.kind == "function_call":
                 assert "<|constrain|>" not in text, f"{where}: header in arguments (rule 6)"
                 # OpenAI's spec requires the function's name on this event (issue 14).
@@ -226,6 +231,10 @@ def assert_well_formed(
             assert _item_text(item) == current.text_done, f"{where}: item text != done text"
             if current.kind == "message":
                 assert item["content"][0]["logprobs"] == current.logprobs, f"{where}: logprobs"
+                if logprobs:
+                    cut = item["status"] == "incomplete"
+                    text = current.text_done
+                    _check_logprobs(where, current.logprobs, text, exact=not invalid_utf8, cut=cut)
             if current.kind == "function_call":
                 added = current.item
                 assert (item["call_id"], item["name"]) == (added["call_id"], added["name"]), where
