@@ -37,12 +37,15 @@ class Logprobs:
     """Builds the logprob entries of one response (module doc); `top` is the request's
     `top_logprobs` (0-20)."""
 
-    __slots__ = ("_table", "_tokens", "top")
+    __slots__ = ("_strings", "_table", "_tokens", "top")
 
     def __init__(self, table: TokenTable, top: int) -> None:
         self._table = table
         self.top = top
         self._tokens: dict[int, tuple[str, list[int]]] = {}
+        # The bytes of upstream's alternative strings: a few thousand distinct ones in a long
+        # answer, each met again and again (top 20: most of the cost of an entry).
+        self._strings: dict[str, list[int]] = {}
 
     def token(self, token: int) -> tuple[str, list[int]]:
         """The `token` string and `bytes` of an id (cached; the list is shared, never changed)."""
@@ -61,10 +64,12 @@ class Logprobs:
         text, data = self.token(token)
         alternatives: list[Entry] = []
         if top and self.top:
+            strings = self._strings
             for alternative, logprob in top.items():
-                alternatives.append(
-                    {"token": alternative, "logprob": logprob, "bytes": list(alternative.encode())}
-                )
+                encoded = strings.get(alternative)
+                if encoded is None:
+                    encoded = strings[alternative] = list(alternative.encode())
+                alternatives.append({"token": alternative, "logprob": logprob, "bytes": encoded})
                 if len(alternatives) == self.top:
                     break
         return {"token": text, "logprob": value, "bytes": data, "top_logprobs": alternatives}
