@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from openai_harmony import HarmonyEncoding
 
 from bench import harness
+from bench.core_throughput import response_ids
 from proxy import sse
 from proxy.harmony.parser import TokenTable
 from proxy.harmony.response import ResponseContext, random_id
@@ -44,21 +45,6 @@ PARAGRAPH = (
 )
 #: Row name → the request's `top_logprobs` (None: no include).
 CONFIGS = {"off": None, "top 0": 0, "top 5": 5, "top 20": 20}
-
-
-def response_ids(encoding: HarmonyEncoding, n_tokens: int) -> list[int]:
-    """A Harmony completion of about `n_tokens`: one third reasoning, the rest the answer."""
-    body = PARAGRAPH * (n_tokens // len(encoding.encode(PARAGRAPH)) + 1)
-    words = body.split(" ")
-    third = len(words) // 3
-    text = (
-        "<|channel|>analysis<|message|>"
-        + " ".join(words[:third])
-        + "<|end|><|start|>assistant<|channel|>final<|message|>"
-        + " ".join(words[third:])
-    )
-    ids = list(encoding.encode(text, allowed_special="all"))[: n_tokens - 1]
-    return [*ids, 200002]
 
 
 def frames(encoding: HarmonyEncoding, ids: list[int], chunk: int, top: int | None) -> list[str]:
@@ -111,7 +97,7 @@ def main() -> None:
     harness.pin_self(harness.cores()[0])
     encoding = harness.encoding()
     table = TokenTable(encoding)
-    ids = response_ids(encoding, args.tokens)
+    ids = response_ids(encoding, args.tokens, PARAGRAPH)
     data = {name: frames(encoding, ids, args.chunk, top) for name, top in CONFIGS.items()}
     for name, top in CONFIGS.items():  # warm the token caches, as a running proxy has them
         run_once(encoding, table, data[name], top)

@@ -71,6 +71,25 @@ def client(url: str) -> OpenAI:
     return OpenAI(base_url=url + "/v1", api_key="x", _strict_response_validation=True)
 
 
+def streamed(url: str, headers: dict[str, str], **fields: Any) -> tuple[list[Any], list[Any], Any]:
+    """A streamed request with the include through the strict SDK: its events (models and
+    plain dicts) and the completed response of the terminal event."""
+    with client(url) as sdk:
+        events = list(
+            sdk.responses.create(
+                model=MODEL,
+                input="Hi",
+                include=INCLUDE,
+                stream=True,
+                extra_headers=headers,
+                **fields,
+            )
+        )
+    assert events[-1].type == "response.completed"
+    raw = [event.model_dump(mode="json", exclude_unset=True) for event in events]
+    return events, raw, events[-1].response
+
+
 def answer_ids(encoding: HarmonyEncoding) -> list[int]:
     """The ids of the final answer's text, as the model wrote them."""
     return ids_of(encoding, ANSWER)
@@ -94,23 +113,10 @@ def test_sdk_reads_logprobs_from_the_stream_and_the_snapshot(
     proxy: tuple[str, Any], encoding: HarmonyEncoding, framing: str
 ) -> None:
     headers = {**replay_headers(ids_of(encoding, SCRIPT)), **FRAMINGS[framing]}
-    with client(proxy[0]) as sdk:
-        events = list(
-            sdk.responses.create(
-                model=MODEL,
-                input="Hi",
-                include=INCLUDE,
-                top_logprobs=3,
-                stream=True,
-                extra_headers=headers,
-            )
-        )
-    assert events[-1].type == "response.completed"
-    final = events[-1].response
-    raw = [event.model_dump(mode="json", exclude_unset=True) for event in events]
+    events, raw, final = streamed(proxy[0], headers, top_logprobs=3)
     assert_well_formed(raw, logprobs=True)
     deltas = [e for e in events if e.type == "response.output_text.delta"]
-    streamed = [entry for delta in deltas for entry in delta.logprobs]
+    from_deltas = [entry for delta in deltas for entry in delta.logprobs]
     assert all(delta.logprobs for delta in deltas)
     message = final.output[-1]
     assert message.type == "message"
@@ -118,7 +124,9 @@ def test_sdk_reads_logprobs_from_the_stream_and_the_snapshot(
     assert part.type == "output_text"
     assert part.logprobs is not None
     # The snapshot's entries are the stream's, and their bytes are the text's.
-    assert [(e.token, e.logprob) for e in part.logprobs] == [(e.token, e.logprob) for e in streamed]
+    assert [(e.token, e.logprob) for e in part.logprobs] == [
+        (e.token, e.logprob) for e in from_deltas
+    ]
     assert b"".join(bytes(entry.bytes) for entry in part.logprobs) == ANSWER.encode()
     assert final.output_text == ANSWER
     # Values and alternatives are upstream's for exactly those ids.
@@ -149,21 +157,7 @@ def test_non_streamed_and_stored_responses_keep_their_logprobs(
 
 def test_tool_calls_carry_none(proxy: tuple[str, Any], encoding: HarmonyEncoding) -> None:
     tools = [{"type": "function", "name": "f", "parameters": {"type": "object"}}]
-    headers = replay_headers(ids_of(encoding, CALL))
-    with client(proxy[0]) as sdk:
-        events = list(
-            sdk.responses.create(
-                model=MODEL,
-                input="Hi",
-                include=INCLUDE,
-                tools=tools,  # type: ignore[arg-type]
-                stream=True,
-                extra_headers=headers,
-            )
-        )
-    raw = [event.model_dump(mode="json", exclude_unset=True) for event in events]
-    assert events[-1].type == "response.completed"
-    final = events[-1].response
+    _, raw, final = streamed(proxy[0], replay_headers(ids_of(encoding, CALL)), tools=tools)
     assert_well_formed(raw, logprobs=True)
     assert [item.type for item in final.output] == ["reasoning", "function_call"]
     assert all("logprobs" not in e for e in raw if "function_call" in e["type"])
