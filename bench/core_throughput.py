@@ -39,10 +39,11 @@ PARAGRAPH = (
 ACCOUNTING = ("off", "on", "full")
 
 
-def response_ids(encoding: HarmonyEncoding, n_tokens: int) -> list[int]:
-    """A Harmony completion of about `n_tokens`: one third reasoning, the rest the answer."""
-    per_paragraph = len(encoding.encode(PARAGRAPH))
-    body = PARAGRAPH * (n_tokens // per_paragraph + 1)
+def response_ids(encoding: HarmonyEncoding, n_tokens: int, paragraph: str = PARAGRAPH) -> list[int]:
+    """A Harmony completion of about `n_tokens` of `paragraph` repeated: one third reasoning, the
+    rest the answer."""
+    per_paragraph = len(encoding.encode(paragraph))
+    body = paragraph * (n_tokens // per_paragraph + 1)
     words = body.split(" ")
     third = len(words) // 3
     text = (

@@ -46,6 +46,7 @@ UPSTREAM_ERROR_KINDS = (
     "upstream_incomplete",
     "malformed_frame",
     "missing_token_ids",
+    "malformed_logprobs",
     "timeout",
 )
 

@@ -174,3 +174,13 @@ def test_http_guard_compares_both_protocols() -> None:
         assert round_trip > 0
         assert per_frame > 0
         assert upload > 0
+
+
+def test_logprobs_cost_measures_every_configuration() -> None:
+    table = rows(bench("logprobs_cost.py", "--tokens", "120", "--repeats", "2"))
+    for name in ("off", "top 0", "top 5", "top 20"):
+        assert float(table[name][0]) > 0, table  # µs per token
+    assert table["off"][-1] == "1.00x", table
+    # The include costs bytes on the wire: more per token with more alternatives.
+    sent = [int(table[name][3]) for name in ("off", "top 0", "top 5", "top 20")]
+    assert sent == sorted(sent), table

@@ -45,6 +45,7 @@ class _Open:
         self.text_done: str | None = None
         self.part_done = False
         self.stages: list[str] = []
+        self.logprobs: list[dict[str, Any]] = []
 
 
 def _item_text(item: dict[str, Any]) -> str:
@@ -65,13 +66,41 @@ def _check_usage(usage: Any) -> None:
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
 
 
+def _check_logprobs(where: str, entries: Any, text: str, *, exact: bool, cut: bool) -> None:
+    """A message's logprob entries (issue 15): OpenAI's `LogProb` shape, and — `exact` — their
+    `bytes` concatenate to the text's UTF-8, byte for byte; `cut` (an incomplete item) allows
+    the bytes of a character the end of generation cut off after them (at most 3)."""
+    assert isinstance(entries, list), f"{where}: logprobs {entries!r}"
+    for entry in entries:
+        assert set(entry) == {"token", "logprob", "bytes", "top_logprobs"}, f"{where}: {entry}"
+        assert isinstance(entry["token"], str), where
+        assert isinstance(entry["logprob"], float | int), where
+        assert entry["logprob"] <= 0, where
+        assert all(isinstance(b, int) and 0 <= b < 256 for b in entry["bytes"]), where
+        for alternative in entry["top_logprobs"]:
+            assert set(alternative) == {"token", "logprob", "bytes"}, f"{where}: {alternative}"
+            assert bytes(alternative["bytes"]) == alternative["token"].encode(), where
+    if exact:
+        joined, data = b"".join(bytes(entry["bytes"]) for entry in entries), text.encode()
+        if cut and joined != data:
+            assert joined.startswith(data), f"{where}: token bytes {joined!r} != text {text!r}"
+            rest = joined[len(data) :]
+            assert len(rest) < 4, f"{where}: {rest!r} after the text"
+            assert rest.decode(errors="replace") == "\ufffd", f"{where}: {rest!r} after the text"
+        else:
+            assert joined == data, f"{where}: token bytes {joined!r} != text {text!r}"
+
+
 def assert_well_formed(
-    events: Sequence[dict[str, Any]], *, invalid_utf8: bool = False
+    events: Sequence[dict[str, Any]], *, invalid_utf8: bool = False, logprobs: bool = False
 ) -> dict[str, Any]:
     """Assert the contract's rules 1-10 (SDK model validation is `sdk.py`'s job).
 
     `invalid_utf8`: the model wrote bytes that are no UTF-8 at all (random ids), which the
     parser replaces with U+FFFD; otherwise a U+FFFD in a delta is a character broken by a split.
+    `logprobs`: the request included `message.output_text.logprobs` (issue 15): each message's
+    deltas carry entries that add up to its done event's, part's and item's, whose bytes are
+    its text's (unless `invalid_utf8`); without it every `logprobs` list is empty.
     """
     assert len(events) >= 3, f"a stream has at least created, in_progress, terminal: {events}"
     for number, event in enumerate(events):
@@ -156,9 +185,13 @@ def assert_well_formed(
             if current.kind in PART_TYPE:
                 assert current.part_added, f"{where}: delta before content_part.added (rule 3)"
                 assert event["content_index"] == 0, where
-            if current.kind == "message":
-                assert event["logprobs"] == [], where
             delta = event["delta"]
+            if current.kind == "message":
+                if logprobs:
+                    assert event["logprobs"], f"{where}: a delta without its tokens' logprobs"
+                    current.logprobs += event["logprobs"]
+                else:
+                    assert event["logprobs"] == [], where
             assert delta, f"{where}: empty delta"
             assert invalid_utf8 or "\ufffd" not in delta, (
                 f"{where}: broken character in {delta!r} (rule 5)"
@@ -169,6 +202,8 @@ def assert_well_formed(
             text = event["arguments"] if current.kind == "function_call" else event["text"]
             assert text == "".join(current.text), f"{where}: done text != deltas (rule 5)"
             current.text_done = text
+            if current.kind == "message":
+                assert event["logprobs"] == current.logprobs, f"{where}: logprobs != deltas'"
             if current.kind == "function_call":
                 assert "<|constrain|>" not in text, f"{where}: header in arguments (rule 6)"
                 # OpenAI's spec requires the function's name on this event (issue 14).
@@ -177,6 +212,8 @@ def assert_well_formed(
             assert current.text_done is not None, f"{where}: before the text done event"
             assert event["part"]["text"] == current.text_done, where
             assert event["part"]["type"] == PART_TYPE[current.kind], where
+            if current.kind == "message":
+                assert event["part"]["logprobs"] == current.logprobs, f"{where}: logprobs"
             current.part_done = True
         elif kind == "response.output_item.done":
             item = event["item"]
@@ -192,6 +229,12 @@ def assert_well_formed(
                 f"{where}: status {item['status']}"
             )
             assert _item_text(item) == current.text_done, f"{where}: item text != done text"
+            if current.kind == "message":
+                assert item["content"][0]["logprobs"] == current.logprobs, f"{where}: logprobs"
+                if logprobs:
+                    cut = item["status"] == "incomplete"
+                    text = current.text_done
+                    _check_logprobs(where, current.logprobs, text, exact=not invalid_utf8, cut=cut)
             if current.kind == "function_call":
                 added = current.item
                 assert (item["call_id"], item["name"]) == (added["call_id"], added["name"]), where

@@ -83,17 +83,25 @@ def reasoning_item(
     }
 
 
-def output_text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def output_text_part(text: str, logprobs: list[Any] | None = None) -> dict[str, Any]:
+    """An `output_text` part; `logprobs` its tokens' entries when asked (issue 15)."""
+    return {
+        "type": "output_text",
+        "text": text,
+        "annotations": [],
+        "logprobs": [] if logprobs is None else logprobs,
+    }
 
 
 def reasoning_text_part(text: str) -> dict[str, Any]:
     return {"type": "reasoning_text", "text": text}
 
 
-def message_item(item_id: str, text: str | None, status: str, phase: str) -> Item:
+def message_item(
+    item_id: str, text: str | None, status: str, phase: str, logprobs: list[Any] | None = None
+) -> Item:
     """An assistant message; `phase` is "final_answer" or "commentary" (a preamble)."""
-    content = [] if text is None else [output_text_part(text)]
+    content = [] if text is None else [output_text_part(text, logprobs)]
     return {
         "id": item_id,
         "type": MESSAGE,
@@ -195,8 +203,11 @@ def part_done(output_index: int, item_id: str, part: dict[str, Any]) -> Event:
     }
 
 
-def delta(kind: str, output_index: int, item_id: str, text: str) -> Event:
-    """A text delta of an item of type `kind` (rule 5: deltas concatenate to the done text)."""
+def delta(
+    kind: str, output_index: int, item_id: str, text: str, logprobs: list[Any] | None = None
+) -> Event:
+    """A text delta of an item of type `kind` (rule 5: deltas concatenate to the done text);
+    `logprobs` the entries of its tokens when asked (issue 15)."""
     if kind == MESSAGE:
         return {
             "type": "response.output_text.delta",
@@ -204,7 +215,7 @@ def delta(kind: str, output_index: int, item_id: str, text: str) -> Event:
             "item_id": item_id,
             "content_index": 0,
             "delta": text,
-            "logprobs": [],
+            "logprobs": [] if logprobs is None else logprobs,
         }
     if kind == REASONING:
         return {
@@ -222,9 +233,16 @@ def delta(kind: str, output_index: int, item_id: str, text: str) -> Event:
     }
 
 
-def text_done(kind: str, output_index: int, item_id: str, text: str, name: str = "") -> Event:
+def text_done(
+    kind: str,
+    output_index: int,
+    item_id: str,
+    text: str,
+    name: str = "",
+    logprobs: list[Any] | None = None,
+) -> Event:
     """`output_text.done`, `reasoning_text.done` or `function_call_arguments.done` (which names
-    the function: required by OpenAI's spec, issue 14)."""
+    the function: required by OpenAI's spec, issue 14); `logprobs` as on `delta`."""
     if kind == MESSAGE:
         return {
             "type": "response.output_text.done",
@@ -232,7 +250,7 @@ def text_done(kind: str, output_index: int, item_id: str, text: str, name: str =
             "item_id": item_id,
             "content_index": 0,
             "text": text,
-            "logprobs": [],
+            "logprobs": [] if logprobs is None else logprobs,
         }
     if kind == REASONING:
         return {

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from proxy.harmony import events as ev
+from proxy.harmony.logprobs import Entry
 from proxy.harmony.response import IdFactory, Sealer
 
 # Accounting channels (the record's and the metrics' label values): a small fixed set.
@@ -30,14 +31,17 @@ class OpenItem:
         "channel",
         "chunks",
         "done_item",
+        "held",
         "item_id",
         "kind",
+        "logprobs",
         "name",
         "namespace",
         "output_index",
         "pending",
         "phase",
         "seal",
+        "sent",
         "text_tokens",
         "tokens",
     )
@@ -54,6 +58,7 @@ class OpenItem:
         namespace: str | None = None,
         call_id: str = "",
         seal: Sealer | None = None,
+        logprobs: bool = False,
     ) -> None:
         self.kind = kind
         self.channel = channel
@@ -71,6 +76,12 @@ class OpenItem:
         self.text_tokens = 0  # tokens that gave text: one delta each at one delta per token
         self.tokens = 0
         self.done_item: ev.Item = {}
+        # Logprob entries of the item's tokens (issue 15; None: not asked, or not a message):
+        # `sent` of them went out with deltas; the last `held` wait for the delta that shows
+        # their bytes (a character split across tokens, held back by the parser).
+        self.logprobs: list[Entry] | None = [] if logprobs and kind == ev.MESSAGE else None
+        self.sent = 0
+        self.held = 0
 
     def add(self, delta: str) -> None:
         self.pending.append(delta)
@@ -95,7 +106,27 @@ class OpenItem:
         return "".join(self.chunks) + "".join(self.pending)
 
     def delta_event(self, text: str) -> ev.Event:
-        return ev.delta(self.kind, self.output_index, self.item_id, text)
+        return ev.delta(self.kind, self.output_index, self.item_id, text, self._release())
+
+    def _release(self) -> list[Entry] | None:
+        """The entries a delta carries: every token since the last delta whose text has begun
+        to show (a token's entry goes with the first delta holding any of its bytes)."""
+        entries = self.logprobs
+        if entries is None:
+            return None
+        end = len(entries) - self.held
+        released = entries[self.sent : end]
+        self.sent = end
+        return released
+
+    def _settle(self) -> list[Entry] | None:
+        """At the item's end: tokens whose bytes never became text (a character cut off by the
+        end of generation) take their entries with them, so entries and text still agree."""
+        entries = self.logprobs
+        if entries is not None and self.held:
+            del entries[len(entries) - self.held :]
+            self.held = 0
+        return entries
 
     def _item(self, text: str | None, status: str) -> ev.Item:
         if self.kind == ev.WEB_SEARCH_CALL:
@@ -105,16 +136,16 @@ class OpenItem:
             sealed = None if text is None or self.seal is None else self.seal([text])
             return ev.reasoning_item(self.item_id, text, status, sealed)
         if self.kind == ev.MESSAGE:
-            return ev.message_item(self.item_id, text, status, self.phase)
+            return ev.message_item(self.item_id, text, status, self.phase, self.logprobs)
         return ev.function_call_item(
             self.item_id, self.call_id, self.name, self.namespace, text or "", status
         )
 
-    def _part(self, text: str) -> dict[str, object] | None:
+    def _part(self, text: str, entries: list[Entry] | None = None) -> dict[str, object] | None:
         if self.kind == ev.REASONING:
             return ev.reasoning_text_part(text)
         if self.kind == ev.MESSAGE:
-            return ev.output_text_part(text)
+            return ev.output_text_part(text, entries)
         return None  # function and web search calls have no content parts
 
     def opening_events(self) -> Iterator[ev.Event]:
@@ -129,11 +160,12 @@ class OpenItem:
     def closing_events(self, status: str) -> Iterator[ev.Event]:
         """Every done event of the item, in the contract's order (rule 4); sets `done_item`."""
         text = self.text
+        entries = self._settle()
         if self.kind == ev.WEB_SEARCH_CALL:
             yield ev.web_search_event("completed", self.output_index, self.item_id)
         else:
-            yield ev.text_done(self.kind, self.output_index, self.item_id, text, self.name)
-        part = self._part(text)
+            yield ev.text_done(self.kind, self.output_index, self.item_id, text, self.name, entries)
+        part = self._part(text, entries)
         if part is not None:
             yield ev.part_done(self.output_index, self.item_id, part)
         self.done_item = self._item(text, status)
@@ -148,9 +180,12 @@ def classify(
     output_index: int,
     ids: IdFactory,
     seal: Sealer | None = None,
+    logprobs: bool = False,
 ) -> OpenItem:
     """The item a completed assistant header opens; `seal` seals the text of reasoning items
-    (None: `encrypted_content` stays null):
+    (None: `encrypted_content` stays null); `logprobs`: its message items collect logprob
+    entries (issue 15 — preambles too: they are `message` items whose `output_text` the include
+    `message.output_text.logprobs` names, and the SDK's `output_text` joins them):
 
     analysis, no recipient              → reasoning item (`reasoning_text` part)
     final / commentary, no recipient    → message (phase final_answer / commentary, a preamble)
@@ -185,7 +220,12 @@ def classify(
         return OpenItem(ev.REASONING, REASONING_CHANNEL, output_index, ids("rs"), seal=seal)
     if channel == "commentary":
         return OpenItem(
-            ev.MESSAGE, COMMENTARY_CHANNEL, output_index, ids("msg"), phase="commentary"
+            ev.MESSAGE,
+            COMMENTARY_CHANNEL,
+            output_index,
+            ids("msg"),
+            phase="commentary",
+            logprobs=logprobs,
         )
     # final, and a message without a channel: the answer.
-    return OpenItem(ev.MESSAGE, FINAL_CHANNEL, output_index, ids("msg"))
+    return OpenItem(ev.MESSAGE, FINAL_CHANNEL, output_index, ids("msg"), logprobs=logprobs)

@@ -140,6 +140,12 @@ class HarmonyParser:
         return cast("str | None", self._real.current_recipient)
 
     @property
+    def held_bytes(self) -> int:
+        """Bytes of content taken but not yet in a delta (a character not complete yet); the
+        fast path's only (`text()` runs only there)."""
+        return len(self._undecoded)
+
+    @property
     def delegated(self) -> bool:
         """Whether openai-harmony's parser took over (for tests and benchmarks)."""
         return self._real is not None

@@ -57,6 +57,8 @@ class PreparedRequest:
     - `store`: the request's `store` (default true), for the response store of a later issue.
     - `sealed_reasoning`: the request includes `reasoning.encrypted_content`: reasoning items
       carry their text sealed (reasoning_seal.py).
+    - `top_logprobs`: the request includes `message.output_text.logprobs`: output text carries
+      token logprobs with this many alternatives each (None: no logprobs; issue 15).
     """
 
     model: str
@@ -68,6 +70,11 @@ class PreparedRequest:
     function_names: frozenset[str] = frozenset()
     store: bool = True
     sealed_reasoning: bool = False
+    top_logprobs: int | None = None
+
+
+#: The include that asks for token logprobs (issue 15).
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
 
 def parse_body(raw: bytes) -> Any:
@@ -157,6 +164,11 @@ def prepare_request(
         completion_body["response_format"] = guided
     if fields.thinking_token_budget is not None:
         completion_body["thinking_token_budget"] = fields.thinking_token_budget
+    top_logprobs = fields.top_logprobs if LOGPROBS_INCLUDE in fields.include else None
+    if top_logprobs is not None:
+        # Upstream's completions give each token's own logprob only with `logprobs` ≥ 1, and
+        # its alternatives with it (trtllm-serve.md §6); without the include nothing is asked.
+        completion_body["logprobs"] = max(1, top_logprobs)
     return PreparedRequest(
         model=fields.model,
         stream=fields.stream,
@@ -167,6 +179,7 @@ def prepare_request(
         function_names=toolset.function_names,
         store=fields.store,
         sealed_reasoning="reasoning.encrypted_content" in fields.include,
+        top_logprobs=top_logprobs,
     )
 
 

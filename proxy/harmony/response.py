@@ -103,7 +103,9 @@ class ResponseContext:
     one `feed` call into one event (False: one delta event per token); `clock` gives
     `completed_at` (the shell injects its wall clock; without one a response completes at its
     `created_at`, which keeps the core deterministic); `seal` gives reasoning items their
-    `encrypted_content` when the request included it (None: null).
+    `encrypted_content` when the request included it (None: null); `top_logprobs`: the
+    request included `message.output_text.logprobs` and wants this many alternatives per token
+    (None: no logprobs, issue 15).
     """
 
     response_id: str
@@ -115,6 +117,7 @@ class ResponseContext:
     coalesce_deltas: bool = True
     clock: Callable[[], float] | None = None
     seal: Sealer | None = None
+    top_logprobs: int | None = None
 
 
 def response_object(

@@ -38,7 +38,7 @@ Nothing already parsed is lost, and every stream still ends with exactly one ter
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from enum import Enum
 from typing import Any
 
@@ -46,6 +46,7 @@ from openai_harmony import HarmonyEncoding
 
 from proxy.harmony import events as ev
 from proxy.harmony.items import OpenItem
+from proxy.harmony.logprobs import Logprobs
 from proxy.harmony.parser import HarmonyParser, TokenTable
 from proxy.harmony.record import RepairRecord, Tally
 from proxy.harmony.recovery import RecoveryAccounting
@@ -91,7 +92,12 @@ class ResponseStream(TokenMachine):
         self._ids = ids
         # Token bytes are best shared by all the streams of an app; the parser costs ~1 µs to
         # make (openai-harmony's ~170 µs, which is why the shell once made it ahead).
-        self._parser = HarmonyParser(encoding, table or TokenTable(encoding))
+        table = table or TokenTable(encoding)
+        self._parser = HarmonyParser(encoding, table)
+        self._logprobs = None if ctx.top_logprobs is None else Logprobs(table, ctx.top_logprobs)
+        self._values: Sequence[float] = ()
+        self._top: Sequence[Mapping[str, float] | None] | None = None
+        self._position = 0
         self._log = ev.EventLog()
         self._phase = _Phase.NEW
         self._parse = HEADER
@@ -124,17 +130,37 @@ class ResponseStream(TokenMachine):
             self._recovery.start()
         return self._log.take()
 
-    def feed(self, token_ids: Sequence[int]) -> list[ev.Event]:
-        """Parse one upstream frame's token ids; return the events they complete."""
+    def feed(
+        self,
+        token_ids: Sequence[int],
+        logprobs: Sequence[float] | None = None,
+        top_logprobs: Sequence[Mapping[str, float] | None] | None = None,
+    ) -> list[ev.Event]:
+        """Parse one upstream frame's token ids; return the events they complete.
+
+        When the context asks for logprobs (`top_logprobs` not None, issue 15), `logprobs` are
+        upstream's values of the ids, one each, and `top_logprobs` its alternatives per id
+        (None: none); without them here it is our misuse (`ValueError`): the shell fails the
+        stream on a frame without them before it gets here.
+        """
         self._require(_Phase.STREAMING, "feed")
         self._tally.frames += 1
         fast = self._ctx.coalesce_deltas
         position, end = 0, len(token_ids)
+        tracked = self._logprobs is not None
+        if tracked:
+            if logprobs is None or len(logprobs) != end:
+                raise ValueError("feed() needs one logprob per token id when logprobs are on")
+            if top_logprobs is not None and len(top_logprobs) != end:
+                raise ValueError("feed() needs top_logprobs aligned with the token ids")
+            self._values, self._top = logprobs, top_logprobs
         while position < end:
             if fast and self._parse is CONTENT:
                 position = self._text(token_ids, position)
                 if position == end:
                     break
+            if tracked:
+                self._position = position
             self._token(token_ids[position])
             position += 1
         if self._open is not None:

@@ -11,7 +11,7 @@ parse departs from upstream's, the recovery accounting is told (`_departed`).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from enum import Enum
 
 from openai_harmony import HarmonyError, Role
@@ -19,6 +19,7 @@ from openai_harmony import HarmonyError, Role
 from proxy.harmony import events as ev
 from proxy.harmony import tokens as tk
 from proxy.harmony.items import OpenItem, classify
+from proxy.harmony.logprobs import Logprobs
 from proxy.harmony.parser import HarmonyParser
 from proxy.harmony.record import Tally
 from proxy.harmony.recovery import RecoveryAccounting
@@ -56,6 +57,12 @@ class TokenMachine:
     _tally: Tally
     _malformed: Counter[str]
     _recovery: RecoveryAccounting | None
+    #: Logprobs (issue 15): None unless asked; then the frame's values, aligned with its ids,
+    #: and the position in the frame of the token `_token` is given.
+    _logprobs: Logprobs | None
+    _values: Sequence[float]
+    _top: Sequence[Mapping[str, float] | None] | None
+    _position: int
 
     def _token(self, token: int) -> None:
         parse = self._parse
@@ -85,6 +92,9 @@ class TokenMachine:
                 return
             if self._feed_parser(token):
                 delta = self._parser.last_content_delta
+                if item.logprobs is not None:
+                    self._entry(item, token, self._position)
+                    item.held = 0 if delta else item.held + 1
                 if delta:
                     item.add(delta)
                     if not self._ctx.coalesce_deltas:
@@ -129,7 +139,40 @@ class TokenMachine:
         self._tally.tokens += count
         self._message_tokens += count
         item.text_tokens += len(pending) - before
+        if item.logprobs is not None and stop > position:
+            self._run_entries(item, token_ids, position, stop)
         return stop
+
+    def _entry(self, item: OpenItem, token: int, position: int) -> None:
+        assert self._logprobs is not None
+        assert item.logprobs is not None
+        top = self._top
+        item.logprobs.append(
+            self._logprobs.entry(
+                token, self._values[position], None if top is None else top[position]
+            )
+        )
+
+    def _run_entries(
+        self, item: OpenItem, token_ids: Sequence[int], position: int, stop: int
+    ) -> None:
+        """The entries of a run `_text` took, and how many of its last tokens are held: those
+        whose bytes all lie in the parser's incomplete character (at most 3 bytes)."""
+        for at in range(position, stop):
+            self._entry(item, token_ids[at], at)
+        held = self._parser.held_bytes
+        if not held:
+            item.held = 0
+            return
+        assert self._logprobs is not None
+        count, size = 0, 0
+        for at in range(stop - 1, position - 1, -1):
+            size += self._logprobs.size(token_ids[at])
+            if size > held:  # some of its bytes are out: it went with that delta
+                item.held = count
+                return
+            count += 1
+        item.held += count  # the whole run is held, after the tokens held before it
 
     def _feed_parser(self, token: int) -> bool:
         try:
@@ -167,6 +210,7 @@ class TokenMachine:
             output_index=len(self._output),
             ids=self._ids,
             seal=self._ctx.seal,
+            logprobs=self._logprobs is not None,
         )
         item.tokens = self._message_tokens
         self._open = item

@@ -172,6 +172,7 @@ def create_app(
                     extra={
                         "upstream": settings.upstream_url,
                         "capable": capability.token_ids,
+                        "logprobs": capability.logprobs,
                         "detail": capability.detail,
                         "model": capability.model,
                     },
@@ -357,6 +358,7 @@ def create_app(
             "upstream": settings.upstream_url,
             "upstream_reachable": reachable,
             "token_ids": state.capability.token_ids,
+            "logprobs": state.capability.logprobs,
             "render_ready": rendering,
             "detail": "draining" if state.draining else detail,
         }

@@ -185,6 +185,7 @@ class Exchange:
             coalesce_deltas=deps.settings.delta_mode == "coalesce",
             clock=deps.clock,  # completed_at (issue 14)
             seal=deps.reasoning_keys.seal if prepared.sealed_reasoning else None,
+            top_logprobs=prepared.top_logprobs,
         )
 
     @property
@@ -336,7 +337,7 @@ class Exchange:
                     )
                 events: list[dict[str, Any]] = []
                 if frame.token_ids or frame.finish_reason is None:
-                    events = core.feed(frame.token_ids)
+                    events = core.feed(frame.token_ids, frame.logprobs, frame.top_logprobs)
                     if frame.token_ids:
                         self.phase = "streaming"
                         timeout_kind = "idle"
@@ -468,6 +469,14 @@ async def serve_repaired(
                 f"cannot repair: {state.capability.detail}",
                 status=503 if not state.capability.reachable else 502,
                 code="upstream_not_capable",
+            )
+        if prepared.top_logprobs is not None and not state.capability.logprobs:
+            # Never a silent empty list (issue 15): the client learns before generation.
+            raise ClientError(
+                "include 'message.output_text.logprobs' needs token logprobs from upstream's "
+                f"/v1/completions, which this upstream does not give ({state.capability.detail})",
+                param="include",
+                code="logprobs_unavailable",
             )
         if settings.max_concurrent_streams and state.in_flight >= settings.max_concurrent_streams:
             outcome = "rejected"

@@ -70,6 +70,8 @@ Fault grammar (`X-Sim-Fault`, `--fault`)
             | "stall" ["@" K] ":" S   after K tokens, send nothing for S seconds, then go on
             | "malformed" ["@" K]     after K tokens, one frame whose data is not JSON
             | "no-token-ids" ["@" K]  the next frame after K tokens has `token_ids: null`
+            | "bad-logprobs" ["@" K]  (completions with logprobs) the next frame after K
+                                      tokens has one logprob fewer than token ids
             | "error" ["@" K]         after K tokens, `data: {"error": {…}}` then `data: [DONE]`
             | "eof" ["@" K]           after K tokens, end the body cleanly: no finish, no [DONE]
             | "done" ["@" K]          after K tokens, `data: [DONE]` without any finish

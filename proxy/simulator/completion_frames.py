@@ -10,8 +10,15 @@ Non-streaming: `CompletionResponse.model_dump()` as JSON.
 
 Text comes from an incremental detokenizer that holds back the bytes of a character split
 across tokens until it is complete (what HF's `decode_incrementally` does), and leaves out
-special tokens when `skip_special_tokens`. `logprobs: k` gives deterministic fake values: the
-simulator has no distribution. Sans-IO.
+special tokens when `skip_special_tokens`.
+
+`logprobs: k` (builds from early 2026, trtllm-serve.md §6) gives, per chunk, `tokens` (each
+id decoded on its own: U+FFFD for part of a character), `token_logprobs` and `top_logprobs` —
+one `{decoded string: logprob}` dict of k alternatives per id, the sampled id first, keyed by
+string, so alternatives that decode alike collapse into one key (the last value wins, as a
+dict built from upstream's list does) — plus `text_offset`, all aligned with `token_ids`. The
+values are deterministic stand-ins (`token_logprob`, `alternative`): the simulator has no
+distribution. An older build (`logprobs=False`) returns `logprobs: null`. Sans-IO.
 """
 
 from __future__ import annotations
@@ -30,6 +37,18 @@ DONE: Final = b"data: [DONE]\n\n"
 MALFORMED: Final = b'data: {"id":"cmpl-0","object":"text_completion","choices":[{"index":0,\n\n'
 #: The longest run of tokens one character can be split into (4 UTF-8 bytes).
 _MAX_SPLIT = 4
+#: Alternatives of `top_logprobs` are drawn from the ordinary tokens (o200k's below its specials).
+_ORDINARY = 199_998
+
+
+def token_logprob(token: int) -> float:
+    """The simulator's logprob of a sampled id (deterministic, in (-0.5, 0))."""
+    return -0.01 * (1 + token % 50)
+
+
+def alternative(token: int, rank: int) -> tuple[int, float]:
+    """The id and logprob of the `rank`-th alternative (rank ≥ 1) to a sampled id."""
+    return (token + 7919 * rank) % _ORDINARY, token_logprob(token) - rank
 
 
 def frame(payload: dict[str, Any]) -> bytes:
@@ -107,9 +126,11 @@ class CompletionWriter:
         created: int,
         prompt_tokens: int,
         prompt_text: str | None,
+        logprobs: bool = True,
     ) -> None:
         self._encoding = encoding
         self._params = params
+        self._logprobs_given = logprobs and bool(params.logprobs)
         self._id = f"cmpl-{engine_id}"
         self._created = created
         self._prompt_tokens = prompt_tokens
@@ -118,8 +139,10 @@ class CompletionWriter:
         self._offset = 0
         self.completion_tokens = 0
 
-    def chunk(self, output: EngineOutput, *, without_token_ids: bool = False) -> bytes:
-        """The frame of one engine output."""
+    def chunk(
+        self, output: EngineOutput, *, without_token_ids: bool = False, bad_logprobs: bool = False
+    ) -> bytes:
+        """The frame of one engine output; `bad_logprobs` (a fault) drops its last logprob."""
         params, ids = self._params, list(output.token_ids)
         self.completion_tokens += len(ids)
         text = ""
@@ -131,11 +154,14 @@ class CompletionWriter:
             "index": 0,
             "text": text if params.detokenize else "",
             "token_ids": None if params.detokenize or without_token_ids else ids,
-            "logprobs": self._logprobs(ids) if params.logprobs else None,
+            "logprobs": self._logprobs(ids) if self._logprobs_given else None,
             "finish_reason": output.finish_reason,
             "stop_reason": output.stop_reason,
             "avg_decoded_tokens_per_iter": None,
         }
+        if bad_logprobs and choice["logprobs"] is not None:
+            for key in ("text_offset", "token_logprobs", "tokens", "top_logprobs"):
+                del choice["logprobs"][key][-1:]
         usage = self._usage() if params.continuous_usage else None
         return frame(self._envelope([choice], usage))
 
@@ -155,7 +181,7 @@ class CompletionWriter:
             "index": 0,
             "text": text,
             "token_ids": None if params.detokenize else ids,
-            "logprobs": self._logprobs(ids) if params.logprobs else None,
+            "logprobs": self._logprobs(ids) if self._logprobs_given else None,
             "context_logits": None,
             "finish_reason": last.finish_reason,
             "stop_reason": last.stop_reason,
@@ -191,15 +217,23 @@ class CompletionWriter:
         }
 
     def _logprobs(self, ids: Sequence[int]) -> dict[str, Any]:
-        tokens = [safe_decode(self._encoding, [token]) for token in ids]
-        values = [-0.01 * (1 + token % 50) for token in ids]
+        encoding, count = self._encoding, self._params.logprobs or 0
+        tokens = [safe_decode(encoding, [token]) for token in ids]
+        values = [token_logprob(token) for token in ids]
         offsets = []
-        for token in tokens:
+        for text in tokens:
             offsets.append(self._offset)
-            self._offset += len(token)
+            self._offset += len(text)
+        top = []
+        for token, text, value in zip(ids, tokens, values, strict=True):
+            ranked = [(text, value)]
+            for rank in range(1, count):
+                other, logprob = alternative(token, rank)
+                ranked.append((safe_decode(encoding, [other]), logprob))
+            top.append(dict(ranked))
         return {
             "text_offset": offsets,
             "token_logprobs": values,
             "tokens": tokens,
-            "top_logprobs": [{t: lp} for t, lp in zip(tokens, values, strict=True)],
+            "top_logprobs": top,
         }

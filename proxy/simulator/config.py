@@ -36,6 +36,9 @@ class SimulatorConfig:
     - `postprocess_workers`: model upstream's postprocess workers (the shipped configs use 4):
       Responses `sequence_number` restarts at 0 after the two opening events.
     - `max_seq_len`: prompt plus completion limit; without `max_tokens` a generation may run to it.
+    - `completion_logprobs`: `/v1/completions` answers `logprobs: k` (builds from early 2026,
+      trtllm-serve.md §6); False models an older build, which takes the field and returns
+      `logprobs: null`.
     - `version`: what `GET /version` reports.
     - `record_limit`: how many request records `app.state.simulator.requests` keeps.
     - `max_body_bytes`: the largest request body accepted (413 beyond).
@@ -55,6 +58,7 @@ class SimulatorConfig:
     replay: tuple[int, ...] | None = None
     postprocess_workers: bool = False
     max_seq_len: int = 131072
+    completion_logprobs: bool = True
     version: str = "1.2.0"
     record_limit: int = 1000
     max_body_bytes: int = 32 * 1024 * 1024

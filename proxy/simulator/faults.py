@@ -9,6 +9,8 @@ Grammar (also in the package docstring)::
             | "stall" ["@" K] ":" S     after K tokens, send nothing for S seconds, then go on
             | "malformed" ["@" K]       after K tokens, one frame whose data is not JSON
             | "no-token-ids" ["@" K]    the next frame after K tokens has `token_ids: null`
+            | "bad-logprobs" ["@" K]    /v1/completions asked for logprobs: the next frame
+                                        after K tokens has one logprob fewer than token ids
             | "error" ["@" K]           after K tokens, `data: {"error": …}` then `data: [DONE]`
             | "eof" ["@" K]             after K tokens, end the body cleanly: no finish, no [DONE]
             | "done" ["@" K]            after K tokens, `data: [DONE]` without a finish frame
@@ -25,17 +27,19 @@ import re
 from dataclasses import dataclass
 from typing import Final, Literal
 
-FaultKind = Literal["http", "cut", "stall", "malformed", "no-token-ids", "error", "eof", "done"]
+FaultKind = Literal[
+    "http", "cut", "stall", "malformed", "no-token-ids", "bad-logprobs", "error", "eof", "done"
+]
 
 #: Kinds that fire at a token position of a stream.
 STREAM_KINDS: Final = frozenset(
-    {"cut", "stall", "malformed", "no-token-ids", "error", "eof", "done"}
+    {"cut", "stall", "malformed", "no-token-ids", "bad-logprobs", "error", "eof", "done"}
 )
 #: Kinds that mean something only in `data:`-framed streams (`/v1/completions`, chat).
-DATA_FRAME_KINDS: Final = frozenset({"no-token-ids", "error", "done"})
+DATA_FRAME_KINDS: Final = frozenset({"no-token-ids", "bad-logprobs", "error", "done"})
 
 _FAULT = re.compile(
-    r"^(?P<kind>http|cut|stall|malformed|no-token-ids|error|eof|done)"
+    r"^(?P<kind>http|cut|stall|malformed|no-token-ids|bad-logprobs|error|eof|done)"
     r"(?:@(?P<after>\d+))?(?::(?P<arg>[^,]+))?$"
 )
 

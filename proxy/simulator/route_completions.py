@@ -74,6 +74,7 @@ async def serve_completions(exchange: Exchange, options: Options, raw: bytes) ->
         created=int(state.clock()),
         prompt_tokens=len(prompt_ids),
         prompt_text=params.prompt if isinstance(params.prompt, str) else None,
+        logprobs=state.config.completion_logprobs,
     )
     if params.stream:
         await exchange.run(_stream(exchange, params, outputs, writer, plan))
@@ -97,7 +98,9 @@ async def _stream(
             return
         await exchange.pace(output.delay)
         state.iteration(len(output.token_ids), output.delay)
-        frame = writer.chunk(output, without_token_ids=outcome == "strip")
+        frame = writer.chunk(
+            output, without_token_ids=outcome == "strip", bad_logprobs=outcome == "bad-logprobs"
+        )
         record.finish_reason, record.stop_reason = output.finish_reason, output.stop_reason
         await exchange.write(frame)
         record.deliver(output.token_ids)

@@ -178,6 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="model postprocess workers (Responses sequence numbers restart)",
     )
+    add(
+        "--no-completion-logprobs",
+        action="store_true",
+        help="model a build before early 2026: /v1/completions returns no logprobs",
+    )
     add("--log-level", default="info", help="uvicorn log level (default %(default)s)")
     return parser
 
@@ -200,6 +205,7 @@ def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
         preamble=args.preamble,
         replay=replay,
         postprocess_workers=args.postprocess_workers,
+        completion_logprobs=not args.no_completion_logprobs,
     )
 
 

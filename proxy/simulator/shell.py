@@ -181,7 +181,8 @@ class FaultPlan:
 
 async def fire(exchange: Exchange, faults: Iterable[Fault], *, malformed: bytes) -> str:
     """Fire due stream faults; "ended" when one ended the response (the caller returns),
-    "strip" when the next frame must go without `token_ids`, else "go"."""
+    "strip" when the next frame must go without `token_ids`, "bad-logprobs" when its logprobs
+    must be one short (completions only), else "go"."""
     result = "go"
     for fault in faults:
         exchange.record.faults.append(fault.spec)
@@ -191,6 +192,8 @@ async def fire(exchange: Exchange, faults: Iterable[Fault], *, malformed: bytes)
             await exchange.write(malformed)
         elif fault.kind == "no-token-ids":
             result = "strip"
+        elif fault.kind == "bad-logprobs":
+            result = "bad-logprobs"
         elif fault.kind == "cut":
             exchange.cut()
             return "ended"

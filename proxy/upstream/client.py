@@ -33,6 +33,7 @@ from proxy.upstream.completions import (
     describe_error_body,
     error_message,
     parse_frame,
+    read_logprobs,
 )
 from proxy.upstream.stream import (
     ConnectTimeout,
@@ -91,12 +92,14 @@ def end_to_end(
 
 @dataclass(frozen=True, slots=True)
 class Capability:
-    """What the startup probe found: can upstream's /v1/completions return token ids?"""
+    """What the startup probe found: can upstream's /v1/completions return token ids, and
+    token logprobs with them (issue 15: builds from early 2026)?"""
 
     reachable: bool
     token_ids: bool
     detail: str
     model: str | None = None
+    logprobs: bool = False
 
 
 class Upstream:
@@ -175,7 +178,7 @@ class Upstream:
                     f"upstream answered /v1/completions with content-encoding {coding}",
                     code="upstream_bad_response",
                 )
-            yield Frames(response)
+            yield Frames(response, logprobs=bool(body.get("logprobs")))
         finally:
             response.close()
 
@@ -237,7 +240,9 @@ class Upstream:
         return answer.status_code
 
     async def probe(self, model: str | None = None) -> Capability:
-        """Ask upstream for one token with `detokenize: false`: does it give token ids?"""
+        """Ask upstream for one token with `detokenize: false`: does it give token ids? Then,
+        once more with `logprobs: 1`: does it give their logprobs (issue 15)? A separate
+        request, so that a build which refuses `logprobs` still serves everything else."""
         try:
             if model is None:
                 models = await self._client.get("/v1/models", timeout=10.0)
@@ -269,7 +274,27 @@ class Upstream:
                 "is too old to repair; upgrade it, or set passthrough_when_incapable"
             )
             return Capability(True, False, detail, model)
-        return Capability(True, True, "token ids available", model)
+        logprobs, said = await self._probe_logprobs({**body, "logprobs": 1})
+        return Capability(True, True, f"token ids available; {said}", model, logprobs)
+
+    async def _probe_logprobs(self, body: dict[str, Any]) -> tuple[bool, str]:
+        """Whether upstream gives completions logprobs aligned with the token ids, and what
+        the probe found in words (for /readyz and the start-up log)."""
+        try:
+            answer = await self._client.post("/v1/completions", json=body, timeout=30.0)
+        except httpx.HTTPError as exc:
+            return False, f"token logprobs unknown: the probe failed ({type(exc).__name__})"
+        if answer.status_code != 200:
+            said = error_message(answer.content) or f"HTTP {answer.status_code}"
+            return False, f"no token logprobs (/v1/completions with logprobs: {said[:200]})"
+        try:
+            choice = answer.json()["choices"][0]
+            read_logprobs(choice.get("logprobs"), len(choice["token_ids"]))
+        except (ValueError, KeyError, IndexError, TypeError):
+            return False, "no token logprobs (this trtllm-serve's /v1/completions gives none)"
+        except FrameError as exc:
+            return False, f"no usable token logprobs ({exc.message})"
+        return True, "token logprobs available"
 
     @asynccontextmanager
     async def forward(
@@ -359,10 +384,11 @@ class Frames:
     frame, where a task per wait cost three (issue 7, per-frame latency).
     """
 
-    __slots__ = ("_decoder", "_ended", "_pending", "_response")
+    __slots__ = ("_decoder", "_ended", "_logprobs", "_pending", "_response")
 
-    def __init__(self, response: Response) -> None:
+    def __init__(self, response: Response, *, logprobs: bool = False) -> None:
         self._response = response
+        self._logprobs = logprobs  # asked for: every frame with ids must carry them
         self._decoder = SSEDecoder()
         self._pending: deque[Message] = deque()
         self._ended = False
@@ -389,4 +415,4 @@ class Frames:
             else:
                 self._ended = True
                 pending.extend(self._decoder.flush())
-        return parse_frame(pending.popleft().data)
+        return parse_frame(pending.popleft().data, logprobs=self._logprobs)

@@ -4,10 +4,17 @@ Each `data:` payload is one of: a chunk whose `choices[0].token_ids` holds every
 previous frame (possibly none) and, on the last content frame, `finish_reason`/`stop_reason`; a
 usage frame (`choices: []`, `usage`); `{"error": …}` (newer servers, mid-stream); or `[DONE]`.
 Anything else is a protocol error the shell turns into `response.failed`.
+
+Asked for logprobs (`logprobs: N`, issue 15; trtllm-serve.md §6), a chunk's `logprobs` holds
+`token_logprobs` (one number per id of `token_ids`, in order) and `top_logprobs` (one
+`{decoded string: logprob}` per id); `tokens` (decoded strings) is not read: the proxy names
+tokens from the vocabulary by id. Missing or misaligned logprobs are a `FrameError`
+(`malformed_logprobs`): the stream fails rather than carry wrong values.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,13 +42,17 @@ class Frame:
     stop_reason: int | str | None = None
     completion_tokens: int | None = None
     done: bool = False
+    #: Upstream's logprob of each id and its alternatives (only when asked, issue 15).
+    logprobs: tuple[float, ...] | None = None
+    top_logprobs: tuple[dict[str, float] | None, ...] | None = None
 
 
 DONE_FRAME = Frame(done=True)
 
 
-def parse_frame(data: str) -> Frame:
-    """Parse one `data:` payload; raise `FrameError` for errors and malformed frames."""
+def parse_frame(data: str, *, logprobs: bool = False) -> Frame:
+    """Parse one `data:` payload; raise `FrameError` for errors and malformed frames.
+    `logprobs`: the request asked for them, so a chunk with ids must carry them."""
     if data == DONE:
         return DONE_FRAME
     try:
@@ -79,7 +90,49 @@ def parse_frame(data: str) -> Frame:
     stop_reason = choice.get("stop_reason")
     if not isinstance(stop_reason, int | str) or isinstance(stop_reason, bool):
         stop_reason = None
+    if logprobs and token_ids:
+        values, top = read_logprobs(choice.get("logprobs"), len(token_ids))
+        return Frame(
+            tuple(token_ids), finish_reason, stop_reason, completion_tokens, False, values, top
+        )
     return Frame(tuple(token_ids), finish_reason, stop_reason, completion_tokens)
+
+
+def read_logprobs(
+    raw: Any, count: int
+) -> tuple[tuple[float, ...], tuple[dict[str, float] | None, ...] | None]:
+    """A chunk's `logprobs` for its `count` ids (module doc), or `FrameError`; the probe
+    reads a non-streamed answer's with it too."""
+    if not isinstance(raw, dict):
+        raise _bad_logprobs(f"a frame of {count} token ids came without logprobs")
+    values = raw.get("token_logprobs")
+    if not isinstance(values, list) or len(values) != count:
+        raise _bad_logprobs(f"token_logprobs do not align with the frame's {count} token ids")
+    for value in values:
+        if not _logprob(value):
+            raise _bad_logprobs(f"invalid token logprob {str(value)[:40]!r}")
+    top = raw.get("top_logprobs")
+    if top is None:
+        return tuple(values), None
+    if not isinstance(top, list) or len(top) != count:
+        raise _bad_logprobs(f"top_logprobs do not align with the frame's {count} token ids")
+    for alternatives in top:
+        if alternatives is not None and not (
+            isinstance(alternatives, dict)
+            and all(_logprob(value) for value in alternatives.values())
+        ):
+            raise _bad_logprobs(f"invalid top_logprobs entry {str(alternatives)[:60]!r}")
+    return tuple(values), tuple(top)
+
+
+def _logprob(value: Any) -> bool:
+    """A log probability as JSON carries one: a finite number (no sign check: rounding in
+    upstream's half-precision softmax may give a hair above 0 for a certain token)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _bad_logprobs(message: str) -> FrameError:
+    return FrameError("malformed_logprobs", f"upstream sent malformed logprobs: {message}")
 
 
 def _error_text(payload: dict[str, Any]) -> str:
