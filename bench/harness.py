@@ -218,7 +218,9 @@ async def start_proxy(
     argv = ["-m", "proxy", "serve", "--upstream", upstream, "--host", "127.0.0.1"]
     argv += ["--port", str(port)]
     scratch = None
-    if "data_dir" not in settings:  # the default (embedded) store, in a folder of its own
+    # the default (embedded) store, in a folder of its own; a checkout from before the store
+    # (issue 13) has no such setting
+    if "data_dir" not in settings and (root / "proxy" / "store").is_dir():
         scratch = Path(tempfile.mkdtemp(prefix="bench-proxy-"))
         settings = {**settings, "data_dir": str(scratch)}
     for key, value in settings.items():
