@@ -73,14 +73,14 @@ def run(
 
 
 def content_positions(encoding: HarmonyEncoding, ids: Sequence[int]) -> list[int]:
-    """Positions of the ids inside final/commentary messages without a recipient."""
+    """Positions of the ids inside final messages (the answer: preambles carry none)."""
     positions, inside, header = [], False, []
     for position, token in enumerate(ids):
         if token in (200007, 200002, 200012) or token == 200006:  # <|end|> <|return|> <|call|>
             inside, header = False, []
         elif token == 200008:  # <|message|>
             text = encoding.decode(header)
-            inside = ("final" in text or "commentary" in text) and "to=" not in text
+            inside = "final" in text and "to=" not in text
         elif inside:
             positions.append(position)
         else:
@@ -121,9 +121,17 @@ def test_token_bytes_are_the_text_at_any_chunking(
     texts = [
         part["text"]
         for item in response["output"]
-        if item["type"] == "message"
+        if item["type"] == "message" and item["phase"] != "commentary"
         for part in item["content"]
     ]
+    # Preambles carry none (issue 15), in their events and in their item.
+    preambles = {i["id"] for i in response["output"] if i.get("phase") == "commentary"}
+    assert all(
+        e["logprobs"] == [] for e in events if e.get("item_id") in preambles and "logprobs" in e
+    )
+    assert all(
+        i["content"][0]["logprobs"] == [] for i in response["output"] if i["id"] in preambles
+    )
     assert b"".join(bytes(e["bytes"]) for e in got) == "".join(texts).encode()
     # Reasoning carries none: its events have no logprobs at all.
     assert all(not e.get("logprobs") for e in events if "reasoning" in e["type"])

@@ -98,9 +98,10 @@ def assert_well_formed(
 
     `invalid_utf8`: the model wrote bytes that are no UTF-8 at all (random ids), which the
     parser replaces with U+FFFD; otherwise a U+FFFD in a delta is a character broken by a split.
-    `logprobs`: the request included `message.output_text.logprobs` (issue 15): each message's
-    deltas carry entries that add up to its done event's, part's and item's, whose bytes are
-    its text's (unless `invalid_utf8`); without it every `logprobs` list is empty.
+    `logprobs`: the request included `message.output_text.logprobs` (issue 15): each answer
+    message's deltas carry entries (a preamble's none) that add up to its done event's, part's
+    and item's, whose bytes are its text's (unless `invalid_utf8`); without it every `logprobs`
+    list is empty.
     """
     assert len(events) >= 3, f"a stream has at least created, in_progress, terminal: {events}"
     for number, event in enumerate(events):
@@ -187,7 +188,8 @@ def assert_well_formed(
                 assert event["content_index"] == 0, where
             delta = event["delta"]
             if current.kind == "message":
-                if logprobs:
+                # the answer's deltas carry their tokens' logprobs; preambles none (issue 15)
+                if logprobs and current.item.get("phase") != "commentary":
                     assert event["logprobs"], f"{where}: a delta without its tokens' logprobs"
                     current.logprobs += event["logprobs"]
                 else:
@@ -231,7 +233,7 @@ def assert_well_formed(
             assert _item_text(item) == current.text_done, f"{where}: item text != done text"
             if current.kind == "message":
                 assert item["content"][0]["logprobs"] == current.logprobs, f"{where}: logprobs"
-                if logprobs:
+                if logprobs and item.get("phase") != "commentary":
                     cut = item["status"] == "incomplete"
                     text = current.text_done
                     _check_logprobs(where, current.logprobs, text, exact=not invalid_utf8, cut=cut)

@@ -183,9 +183,9 @@ def classify(
     logprobs: bool = False,
 ) -> OpenItem:
     """The item a completed assistant header opens; `seal` seals the text of reasoning items
-    (None: `encrypted_content` stays null); `logprobs`: its message items collect logprob
-    entries (issue 15 — preambles too: they are `message` items whose `output_text` the include
-    `message.output_text.logprobs` names, and the SDK's `output_text` joins them):
+    (None: `encrypted_content` stays null); `logprobs`: its answer's message items collect
+    logprob entries (issue 15; reasoning, function-call arguments and preambles carry none, as
+    on OpenAI — the issue's rule):
 
     analysis, no recipient              → reasoning item (`reasoning_text` part)
     final / commentary, no recipient    → message (phase final_answer / commentary, a preamble)
@@ -224,8 +224,7 @@ def classify(
             COMMENTARY_CHANNEL,
             output_index,
             ids("msg"),
-            phase="commentary",
-            logprobs=logprobs,
+            phase="commentary",  # a preamble: no logprobs (issue 15)
         )
     # final, and a message without a channel: the answer.
     return OpenItem(ev.MESSAGE, FINAL_CHANNEL, output_index, ids("msg"), logprobs=logprobs)
