@@ -26,6 +26,7 @@ from proxy.server.app import create_app
 from tests.deploy_support import dashboard_queries, rule_queries, substitute
 from tests.live import LiveServer
 from tests.upstream_double import UpstreamDouble
+from tests.workers_support import start_workers
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Labels Prometheus adds when it scrapes; not on the proxy's own samples.
@@ -35,15 +36,28 @@ MODELS = ("openai/gpt-oss-120b",)
 Sample = tuple[str, dict[str, str]]
 
 
-@pytest.fixture(scope="module")
-def fresh(encoding: HarmonyEncoding) -> list[Sample]:
-    """The samples of a just-started proxy's /metrics: nothing served yet."""
+@pytest.fixture(scope="module", params=["one process", "two workers"])
+def fresh(
+    request: pytest.FixtureRequest, encoding: HarmonyEncoding, tmp_path_factory: Any
+) -> list[Sample]:
+    """The samples of a just-started proxy's /metrics: nothing served yet. With worker
+    processes (issue 17): what a `serve --workers 2` answers, read from every process's
+    multiprocess files."""
     double = UpstreamDouble()
     with LiveServer(double) as upstream:
-        settings = Settings(upstream_url=upstream.url, metrics_models=MODELS)
-        app = create_app(settings, encoding, registry=CollectorRegistry())
-        with LiveServer(app) as proxy:
-            text = httpx.get(proxy.url + "/metrics", timeout=5).text
+        if request.param == "two workers":
+            folder = tmp_path_factory.mktemp("workers")
+            flags = ("--metrics-models", ",".join(MODELS), "--data-dir", str(folder / "data"))
+            workers = start_workers(upstream.url, folder / "proxy.log", *flags)
+            try:
+                text = httpx.get(workers.url + "/metrics", timeout=5).text
+            finally:
+                workers.process.stop()
+        else:
+            settings = Settings(upstream_url=upstream.url, metrics_models=MODELS)
+            app = create_app(settings, encoding, registry=CollectorRegistry())
+            with LiveServer(app) as proxy:
+                text = httpx.get(proxy.url + "/metrics", timeout=5).text
     return [
         (sample.name, dict(sample.labels))
         for family in text_string_to_metric_families(text)

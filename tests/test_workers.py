@@ -55,25 +55,18 @@ def sim(encoding: HarmonyEncoding) -> Iterator[SimThread]:
 @pytest.fixture
 def workers(sim: SimThread, tmp_path: Path) -> Iterator[Workers]:
     assert sim.server is not None
+    metrics_port = free_port()
     running = start_workers(
         sim.server.url,
         tmp_path / "proxy.log",
         *("--drain-timeout", str(DRAIN), "--data-dir", str(tmp_path / "data")),
-        *("--metrics-port", str(free_port())),
+        *("--metrics-port", str(metrics_port)),
     )
+    running.metrics_url = f"http://127.0.0.1:{metrics_port}"
     try:
         yield running
     finally:
         running.process.stop()
-
-
-def _metrics_url(workers: Workers) -> str:
-    port = next(
-        arg
-        for flag, arg in zip(workers.process.popen.args, workers.process.popen.args[1:])  # type: ignore[arg-type]
-        if flag == "--metrics-port"
-    )
-    return f"http://127.0.0.1:{port}"
 
 
 async def _streams(
@@ -130,7 +123,7 @@ def test_workers_share_the_port_and_metrics_sum_over_them(
     )
     # Whichever worker answers a scrape (new connections: both do), and the supervisor's
     # metrics port, count every worker's requests and tokens.
-    for url in [workers.url] * 6 + [_metrics_url(workers)]:
+    for url in [workers.url] * 6 + [workers.metrics_url]:
         completed = workers.metric("proxy_requests_total", url, outcome="completed", stream="true")
         assert completed == streams
         assert workers.metric("proxy_tokens_total", url) == tokens
@@ -205,12 +198,14 @@ def test_a_killed_worker_is_replaced_and_counted(workers: Workers) -> None:
     while workers.ready().get(0) in (None, before[0]) and time.monotonic() < deadline:
         time.sleep(0.05)
     after = workers.ready()
-    assert after[0] != before[0] and after[1] == before[1]
+    assert after[0] != before[0]
+    assert after[1] == before[1]
     # The dead worker's streams were cut (no terminal event: its process is gone); the other
     # worker's completed. Nothing it held stays counted as in flight.
     cut = [rid for rid, raw in results if b"response.completed" not in raw]
     completed = streams - len(cut)
-    assert cut and completed, (len(cut), completed)
+    assert cut, completed
+    assert completed, cut
     assert workers.metric("proxy_worker_restarts_total") == 1
     assert workers.metric("proxy_worker_processes") == 2
     assert workers.metric("proxy_streams_in_flight") == 0
@@ -253,7 +248,8 @@ def test_the_builtin_simulator_runs_once(tmp_path: Path) -> None:
             assert assert_well_formed(sse_events(raw))["status"] == "completed"
         records = workers.records()
         started = [r for r in records if r["msg"].startswith("no upstream configured")]
-        assert len(started) == 1 and "worker" not in started[0]  # the supervisor's
+        assert len(started) == 1
+        assert "worker" not in started[0]  # the supervisor's
         upstreams = {r["upstream"] for r in records if r["msg"] == "serving"}
         assert upstreams == {started[0]["simulator"]}
         assert len([r for r in records if r["msg"] == "serving"]) == 2
@@ -313,7 +309,8 @@ def test_a_thousand_streams_across_two_workers(workers: Workers, encoding: Harmo
         tokens += response["usage"]["output_tokens"]
     served = workers.served_by()
     per_worker = [sum(1 for rid, _ in results if served[rid] == w) for w in (0, 1)]
-    assert sum(per_worker) == streams and min(per_worker) > streams // 4, per_worker
+    assert sum(per_worker) == streams
+    assert min(per_worker) > streams // 4, per_worker
     assert workers.metric("proxy_requests_total", outcome="completed") == streams
     assert workers.metric("proxy_tokens_total") == tokens
     assert workers.metric("proxy_streams_in_flight") == 0
@@ -373,7 +370,8 @@ def test_the_embedded_store_is_shared_by_the_workers(workers: Workers) -> None:
         cancelled = b.responses.cancel(queued.id)
         assert cancelled.status == "cancelled"
         assert a.responses.retrieve(queued.id).status == "cancelled"
-        assert cancelled.usage is not None and cancelled.usage.output_tokens < 4000
+        assert cancelled.usage is not None
+        assert cancelled.usage.output_tokens < 4000
     finally:
         for made in clients:
             made.close()

@@ -141,7 +141,8 @@ def test_prepare_empties_a_given_directory_or_makes_one(tmp_path: Path) -> None:
     env = {}
     folder, made = multiproc.prepare(env)
     try:
-        assert made and folder.is_dir() and env[multiproc.ENV] == str(folder)
+        assert made
+        assert env[multiproc.ENV] == str(folder)
         assert list(folder.iterdir()) == []
     finally:
         multiproc.remove(folder)
@@ -177,7 +178,7 @@ def test_workers_bind_one_port_together() -> None:
             pass  # the bound-only socket (the supervisor's reservation) takes no connection
         accepted, _ = second.accept()
         accepted.close()
-        with socket.socket() as plain, pytest.raises(OSError):
+        with socket.socket() as plain, pytest.raises(OSError, match="in use"):
             plain.bind(("127.0.0.1", port))  # a process without SO_REUSEPORT cannot take it
     finally:
         first.close()

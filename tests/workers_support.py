@@ -31,6 +31,8 @@ class Workers:
 
     process: ProxyProcess
     count: int
+    #: The supervisor's `metrics_port`, when one was given.
+    metrics_url: str = ""
 
     @property
     def url(self) -> str:
