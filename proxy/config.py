@@ -248,8 +248,9 @@ FIELDS: tuple[Field, ...] = (
           secret=True),
 
     Field("store_url", check_store_url, "embedded",
-          "where responses are stored (issue 13): embedded (SQLite in data_dir, shared by the "
-          "processes of one host), redis://HOST:PORT/DB (replicas), memory:// (tests), or off"),
+          "where responses and conversations are stored (issues 13, 16): embedded (SQLite in "
+          "data_dir, shared by the processes of one host), redis://HOST:PORT/DB (replicas), "
+          "memory:// (tests), or off"),
     Field("data_dir", str, "data",
           "directory of the embedded store (a volume in the deploy files)"),
     Field("store_ttl", _positive_float, 30 * 24 * 3600.0,

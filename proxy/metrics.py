@@ -260,7 +260,7 @@ class Metrics:
 
         self.store_responses = Gauge(
             "proxy_store_responses",
-            "Responses in the response store",
+            "Entries in the response store: responses and conversations",
             registry=r,
             multiprocess_mode="livemax",
         )

@@ -99,8 +99,13 @@ def assert_events_match_spec(events: Sequence[dict[str, Any]]) -> None:
 
 def assert_response_matches_spec(response: dict[str, Any]) -> None:
     """A `response` object (a non-streamed answer, a retrieved response) is valid."""
-    problems = spec_errors(response, "Response")
-    assert not problems, "response not valid against the OpenAPI spec:\n  " + "\n  ".join(
+    assert_matches_spec(response, "Response")
+
+
+def assert_matches_spec(value: Any, name: str) -> None:
+    """`value` is valid against the component schema `name` (a conversation, an item list…)."""
+    problems = spec_errors(value, name)
+    assert not problems, f"{name} not valid against the OpenAPI spec:\n  " + "\n  ".join(
         problems[:30]
     )
 

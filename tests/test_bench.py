@@ -70,6 +70,20 @@ def test_store_cost_measures_every_store_without_errors() -> None:
     assert float(table["embedded"][4]) > 0  # stored KB per response measured
 
 
+def test_conversation_cost_measures_every_store_without_errors() -> None:
+    output = bench(
+        "conversation_cost.py",
+        *("--repeats", "2", "--length", "40", "--appends", "8"),
+        *("--concurrency", "2", "--history", "25"),
+    )
+    table = rows(output)
+    for store in ("memory", "embedded", "redis"):
+        assert table[store][-1] == "0", table  # no errors
+        assert float(table[f"{store} 20 items @ 40"][0]) > 0  # appends timed
+        assert float(table[f"{store}, 25 items"][0]) > 0  # requests with `conversation` timed
+    assert float(table["embedded"][2]) > 0  # stored bytes per item measured
+
+
 @pytest.mark.parametrize(
     ("script", "args", "expect"),
     [

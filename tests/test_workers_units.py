@@ -236,3 +236,18 @@ def test_a_waiter_sees_every_commit_of_another_connection(tmp_path: Path) -> Non
 
     waits = asyncio.run(run())
     assert max(waits) < 2.0, waits  # polled every 20 ms; the bug waited the full 10 s
+
+
+def test_every_gauge_says_how_workers_combine() -> None:
+    """A gauge left at prometheus_client's default (`all`) would export one series per worker
+    pid under a `pid` label, which no dashboard or alert expects (proxy/metrics.py)."""
+    from prometheus_client import CollectorRegistry, Gauge
+
+    from proxy.metrics import Metrics
+
+    registry = CollectorRegistry()
+    Metrics(registry)
+    gauges = [c for c in registry._collector_to_names if isinstance(c, Gauge)]
+    assert len(gauges) >= 9
+    modes = {gauge._name: gauge._multiprocess_mode for gauge in gauges}
+    assert all(mode.startswith("live") for mode in modes.values()), modes

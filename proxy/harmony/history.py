@@ -34,6 +34,8 @@ _ID_PREFIX = {
     "reasoning": "rs",
 }
 _INPUT_PATH = re.compile(r"^input\[(\d+)\]")
+#: The fields that name stored context, resolved into the merged body's input.
+_CONTEXT_FIELDS = ("previous_response_id", "conversation")
 
 
 def stored_input(value: Any, ids: IdFactory) -> list[dict[str, Any]]:
@@ -62,8 +64,8 @@ def stored_input(value: Any, ids: IdFactory) -> list[dict[str, Any]]:
 
 def _parts(content: Any, *, assistant: bool) -> list[Any]:
     """Message content as the list a listed item carries: an assistant's text as `output_text`
-    with `annotations` (openai-python's `ResponseOutputMessage` requires them), others'
-    as given. Both render as the same text content."""
+    with `annotations` (openai-python's `ResponseOutputMessage` requires them) and `logprobs`
+    (OpenAI's spec requires them), others' as given. Both render as the same text content."""
     if isinstance(content, str):
         content = [{"type": "input_text", "text": content}]
     if not assistant:
@@ -71,7 +73,7 @@ def _parts(content: Any, *, assistant: bool) -> list[Any]:
     parts = []
     for part in content:
         if part.get("type") in ("input_text", "output_text"):
-            part = {"annotations": [], **part, "type": "output_text"}
+            part = {"annotations": [], "logprobs": [], **part, "type": "output_text"}
         parts.append(part)
     return parts
 
@@ -88,11 +90,12 @@ def history_items(chain: Sequence[tuple[Sequence[Any], Sequence[Any]]]) -> list[
 
 def merged_body(body: Mapping[str, Any], history: Sequence[Any]) -> dict[str, Any]:
     """`body` as if its client had sent `history` before its own input (module docstring).
-    `previous_response_id` is left out: the merged body stands on its own."""
+    `previous_response_id` and `conversation` (issue 16) are left out: the merged body stands
+    on its own."""
     new_input = body.get("input")
     if isinstance(new_input, str):
         new_input = [{"role": "user", "content": new_input}]
-    merged = {key: value for key, value in body.items() if key != "previous_response_id"}
+    merged = {key: value for key, value in body.items() if key not in _CONTEXT_FIELDS}
     merged["input"] = [*history, *(new_input if isinstance(new_input, list) else [])]
     return merged
 
@@ -116,10 +119,13 @@ def with_references(body: Mapping[str, Any], items: Mapping[int, Any]) -> dict[s
     return {**body, "input": [items.get(index, item) for index, item in enumerate(value)]}
 
 
-def local_error(error: ClientError, history_length: int) -> ClientError:
+def local_error(
+    error: ClientError, history_length: int, source: str = "previous_response_id"
+) -> ClientError:
     """An error of the merged body, told in the client's own terms: `input[k]` of the merged
     input is `input[k - history_length]` of the request; an error inside the stored history
-    (a stored item this proxy cannot render again) names `previous_response_id`."""
+    (a stored item this proxy cannot render again) names `source`, the field the history came
+    from (`previous_response_id`, or `conversation`)."""
     if not history_length or error.param is None:
         return error
     match = _INPUT_PATH.match(error.param)
@@ -128,10 +134,9 @@ def local_error(error: ClientError, history_length: int) -> ClientError:
     index = int(match.group(1))
     if index < history_length:
         return ClientError(
-            "The stored conversation of 'previous_response_id' cannot be rendered again: "
-            + error.message,
+            f"The stored conversation of '{source}' cannot be rendered again: " + error.message,
             status=error.status,
-            param="previous_response_id",
+            param=source,
             code=error.code,
         )
     local = f"input[{index - history_length}]"

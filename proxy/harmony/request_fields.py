@@ -7,18 +7,19 @@ chat-completions parameter such as `seed`, `stop` or `frequency_penalty` — is 
 answers it (fixture d25). An explicit null means "unset", as on the OpenAI wire.
 
 No field is ignored silently (issue 14; README "Request fields" has the table): each is honoured
-(sampling, reasoning effort, instructions, tools, text format, tool_choice, include, truncation,
-`store`, `background` and `previous_response_id` through the response store of the shell, issue
-13), honoured as OpenAI's spec defines it where that is all it asks (`service_tier`: the response
-names the tier used; `max_tool_calls`: no built-in tool ever runs here), echoed where it only
-labels the response (`metadata`, `user`, `safety_identifier`, `prompt_cache_key`, …), or refused
-with a 400 naming it where honouring it is impossible and ignoring it would change what the client
-gets: `conversation` (issue 16), `prompt` (templates live on OpenAI's side), `moderation` (no
-moderation model here), `context_management` (no server-side compaction), `access_programs`,
-`background` without `store`, and values gpt-oss does not have (`reasoning.effort` other than
-low/medium/high, `reasoning.mode` other than standard, `text.verbosity` other than medium). A
-`previous_response_id` still in the body here means the store is off: the shell resolves it
-from the store and renders the merged body without it.
+(sampling, reasoning effort, instructions, tools, text format, tool_choice, include, truncation;
+`store`, `background`, `previous_response_id` and `conversation` through the response store of
+the shell, issues 13 and 16), honoured as OpenAI's spec defines it where that is all it asks
+(`service_tier`: the response names the tier used; `max_tool_calls`: no built-in tool ever runs
+here), echoed where it only labels the response (`metadata`, `user`, `safety_identifier`,
+`prompt_cache_key`, …), or refused with a 400 naming it where honouring it is impossible and
+ignoring it would change what the client gets: `prompt` (templates live on OpenAI's side),
+`moderation` (no moderation model here), `context_management` (no server-side compaction),
+`access_programs`, `background` without `store`, and values gpt-oss does not have
+(`reasoning.effort` other than low/medium/high, `reasoning.mode` other than standard,
+`text.verbosity` other than medium). A `previous_response_id` or `conversation` still in the
+body here means the store is off: the shell resolves them from the store and renders the merged
+body without them.
 """
 
 from __future__ import annotations
@@ -208,7 +209,7 @@ def read_fields(value: Any) -> Fields:
         top_p=_number(body, "top_p", 1.0),
         max_output_tokens=_int(body, "max_output_tokens", 1, _MAX_TOKENS),
         max_tool_calls=_int(body, "max_tool_calls", 0, _MAX_TOKENS),
-        metadata=_read_metadata(present(body, "metadata")),
+        metadata=read_metadata(present(body, "metadata")),
         prompt_cache_key=_optional(body, "prompt_cache_key", want_str),
         prompt_cache_retention=_choice(body, "prompt_cache_retention", ("in_memory", "24h")),
         safety_identifier=_read_safety_identifier(present(body, "safety_identifier")),
@@ -247,7 +248,8 @@ def _reject_unservable(body: dict[str, Any]) -> None:
         fail(
             "conversation",
             conversation,
-            "this proxy keeps no conversations yet; send the whole conversation in 'input'",
+            "the response store is off on this proxy (store_url = off); send the whole "
+            "conversation in 'input'",
             code="unsupported_parameter",
         )
     if present(body, "prompt") is not None:
@@ -295,7 +297,7 @@ def _read_reasoning(value: Any) -> tuple[str | None, dict[str, Any] | None]:
     return effort, echo
 
 
-def _read_metadata(value: Any) -> dict[str, str] | None:
+def read_metadata(value: Any) -> dict[str, str] | None:
     """`metadata`: at most 16 pairs, keys up to 64 and values up to 512 characters (the spec)."""
     if value is None:
         return None

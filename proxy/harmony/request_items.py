@@ -99,27 +99,45 @@ def input_messages(
     calls: dict[str, str] = {}  # call_id → recipient of the newest function_call so far
     for index, raw in enumerate(items):
         path = at("input", index)
-        item = want_object(raw, path)
-        kind = present(item, "type")
-        if kind is None and "role" in item:
-            kind = "message"
-        if kind is None:
-            missing(at(path, "type"))
-        if not isinstance(kind, str) or kind not in ITEM_KEYS:
-            fail(
-                at(path, "type"),
-                kind,
-                "gpt-oss behind this proxy reads 'message', 'function_call', "
-                "'function_call_output', 'reasoning' and 'item_reference' items",
-                code="unsupported_value",
-            )
-        check_keys(item, ITEM_KEYS[kind], path, f"a '{kind}' input item")
+        kind, item = _checked(raw, path)
         message = _render_item(kind, item, path, calls, keys)
         if kind == "reasoning" and index < turn_start:
             continue  # checked like any item, then left out (reasoning.context current_turn)
         if message is not None:
             messages.append(message)
     return messages
+
+
+def check_items(value: Any, path: str, keys: ReasoningKeys | None = None) -> list[Any]:
+    """Validate items kept to be rendered later — a conversation's (issue 16) — exactly as
+    `input_messages` validates them, but for one thing: a `function_call_output` may answer a
+    call kept earlier (in the conversation), so its `call_id` is not looked up here; the render
+    of the whole conversation does that."""
+    items = want_list(value, path)
+    for index, raw in enumerate(items):
+        kind, item = _checked(raw, at(path, index))
+        _render_item(kind, item, at(path, index), None, keys)
+    return items
+
+
+def _checked(raw: Any, path: str) -> tuple[str, dict[str, Any]]:
+    """One item: an object of a type gpt-oss reads, with that type's keys only."""
+    item = want_object(raw, path)
+    kind = present(item, "type")
+    if kind is None and "role" in item:
+        kind = "message"
+    if kind is None:
+        missing(at(path, "type"))
+    if not isinstance(kind, str) or kind not in ITEM_KEYS:
+        fail(
+            at(path, "type"),
+            kind,
+            "gpt-oss behind this proxy reads 'message', 'function_call', "
+            "'function_call_output', 'reasoning' and 'item_reference' items",
+            code="unsupported_value",
+        )
+    check_keys(item, ITEM_KEYS[kind], path, f"a '{kind}' input item")
+    return kind, item
 
 
 def _last_user_message(items: list[Any]) -> int:
@@ -132,8 +150,14 @@ def _last_user_message(items: list[Any]) -> int:
 
 
 def _render_item(
-    kind: str, item: dict[str, Any], path: str, calls: dict[str, str], keys: ReasoningKeys | None
+    kind: str,
+    item: dict[str, Any],
+    path: str,
+    calls: dict[str, str] | None,
+    keys: ReasoningKeys | None,
 ) -> Message | None:
+    """One checked item as a Harmony message (None: nothing to render). `calls` maps the call
+    ids seen so far to their recipients; None: checked only, calls are kept elsewhere."""
     if kind == "message":
         return _message(item, path)
     if kind == "function_call":
@@ -141,14 +165,15 @@ def _render_item(
         arguments = _required_str(item, "arguments", path)
         call_id = _required_str(item, "call_id", path)
         recipient = f"{_namespace(item, path)}.{name}"
-        calls[call_id] = recipient
+        if calls is not None:
+            calls[call_id] = recipient
         message = Message.from_role_and_content(Role.ASSISTANT, arguments)
         return (
             message.with_channel("commentary").with_recipient(recipient).with_content_type("json")
         )
     if kind == "function_call_output":
         call_id = _required_str(item, "call_id", path)
-        if call_id not in calls:
+        if calls is not None and call_id not in calls:
             fail(
                 at(path, "call_id"),
                 call_id,
@@ -157,6 +182,8 @@ def _render_item(
             )
         _namespace(item, path)  # type-checked only: the matched call decides the author
         contents = _output_contents(present(item, "output"), at(path, "output"))
+        if calls is None:
+            return None
         return Message(author=Author.new(Role.TOOL, calls[call_id]), content=contents)
     if kind == "reasoning":
         return _reasoning(item, path, keys)

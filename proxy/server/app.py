@@ -7,6 +7,7 @@ GET  /readyz         readiness: upstream reachable (its /health) and able to ret
 GET  /metrics        Prometheus metrics of the proxy
 *    /v1/responses/…   the stored responses (responses_api.py, issue 13), on the store the
                      lifespan opens from `store_url` (background runs: background.py)
+*    /v1/conversations…  conversations and their items (conversations_api.py, issue 16)
 *    /upstream/metrics  upstream's own /metrics (JSON iteration stats), passed through
 *    anything else   passed through to upstream untouched (passthrough.py)
 """
@@ -43,7 +44,7 @@ from proxy.harmony.request_prefix import PrefixCache
 from proxy.harmony.response import IdFactory, random_id
 from proxy.logs import get_logger
 from proxy.metrics import Metrics
-from proxy.server import asgi, passthrough, responses_api
+from proxy.server import asgi, conversations_api, passthrough, responses_api
 from proxy.server.background import Background
 from proxy.server.budget import BodyBudget, discard_body, read_body
 from proxy.server.forwarding import ForwardingMiddleware
@@ -367,6 +368,7 @@ def create_app(
         routes=[
             Route("/v1/responses", _Raw(counted(responses)), methods=None),
             *responses_api.routes(deps, forward_unknown),
+            *conversations_api.routes(deps, budget),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", prometheus, methods=["GET"]),

@@ -12,6 +12,12 @@ The writer calls `take()` when it gets to this recorder: the record is created w
 events (`Create`: the response as `response.created` carried it, the input items as listed,
 aliases for their ids), every later batch is one `Append` however many frames piled up, and the
 end replaces the record with the terminal snapshot (`Update`, aliases for the output items).
+
+A response created with `conversation` (issue 16) also adds, in the same batch as its end, its
+input items and then its output items to the conversation (one `Push`: concurrent responses'
+items never interleave), when it ended `completed` or `incomplete`. A failed or cancelled one
+adds nothing, so the client can send the same request again. With `store: false` the response
+itself is not kept (`keep` false): only the conversation's items are written.
 """
 
 from __future__ import annotations
@@ -21,8 +27,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from proxy.harmony.conversation import encode_items
 from proxy.harmony.stored import StoredResponse, encode_events
-from proxy.store import Append, Create, Op, StoreError, Update
+from proxy.store import Append, Create, Op, Push, StoreError, Update
 
 if TYPE_CHECKING:
     from proxy.server.stateful import Stateful
@@ -39,20 +46,26 @@ class Recorder:
         record: StoredResponse,
         *,
         created: bool = False,
+        keep: bool = True,
     ) -> None:
         self.key = key
         self.scope = scope
         self.record = record
         self._stateful = stateful
-        self._created = created
+        self._keep = keep
+        self._created = created or not keep
         self._pending: list[dict[str, Any]] = []
         self._final: StoredResponse | None = None
+        #: The conversation the response adds its items to, and its input items (issue 16).
+        self.conversation: tuple[str, tuple[dict[str, Any], ...]] | None = None
+        self._added: tuple[dict[str, Any], ...] = ()
         self.finished = False
-        stateful.running[key] = self
+        if keep:
+            stateful.running[key] = self  # its lease is renewed while it runs
 
     def add(self, events: list[dict[str, Any]]) -> None:
         """Events written to the client (or, in the background, to no one); not the last."""
-        if not events:
+        if not events or not self._keep:
             return
         if not self._created and not self.record.response:
             # The record starts as the first event's snapshot (`response.created`).
@@ -68,7 +81,13 @@ class Recorder:
         self._stateful.running.pop(self.key, None)
         if events:
             self.add(events)
-            self._final = replace(self.record, response=events[-1]["response"])
+            ended = events[-1]["response"]
+            if self._keep:
+                self._final = replace(self.record, response=ended)
+            if self.conversation is not None and ended["status"] in _ADDED_WHEN:
+                self._added = (*self.conversation[1], *(ended.get("output") or []))
+        if not self._keep and not self._added:
+            return  # nothing to write
         if not wait or not self._stateful.writer.healthy:
             # Nobody to serve (or the store is failing: the stream's end is not held for it).
             self._stateful.writer.schedule(self)
@@ -113,7 +132,14 @@ class Recorder:
                     aliases=tuple(item["id"] for item in output if item.get("id")),
                 )
             )
+        if self._added and self.conversation is not None:
+            added, self._added = self._added, ()
+            ops.append(Push(self.conversation[0], encode_items(added)))
         return ops
+
+
+#: The statuses whose items a conversation keeps (module docstring).
+_ADDED_WHEN = frozenset({"completed", "incomplete"})
 
 
 #: A recorder factory for the exchange: `(response id) -> Recorder`.

@@ -10,10 +10,11 @@ One `Exchange` per request. Its life:
                                                                         frame, until exactly one
                                                                         terminal event
 
-With the response store (issue 13), `previous_response_id` and `item_reference` are resolved
-and merged before rendering (stateful.py), every event batch goes to the exchange's `Recorder`
-on its way out (the terminal batch is stored before the client sees it), and `background: true`
-hands the exchange to background.py, which runs it with no client.
+With the response store (issue 13), `previous_response_id`, `conversation` (issue 16) and
+`item_reference` are resolved and merged before rendering (stateful.py), every event batch goes
+to the exchange's `Recorder` on its way out (the terminal batch — and a conversation's new
+items — stored before the client sees it), and `background: true` hands the exchange to
+background.py, which runs it with no client.
 
 `response.created`/`in_progress` go out as soon as upstream accepted the request, before its
 first token. After that every failure — upstream cut, `{"error": …}` frame, malformed frame,
@@ -463,7 +464,7 @@ async def serve_repaired(
             )
         exchange = Exchange(deps, prepared, request_id, started, asgi.header_pairs(scope))
         queued: dict[str, Any] | None = None
-        if context is not None and stateful is not None and prepared.store:
+        if context is not None and stateful is not None and context.recorded:
             if context.background and deps.background is not None:
                 queued = await deps.background.launch(exchange, context, scope_key)
             else:

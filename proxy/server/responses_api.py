@@ -61,10 +61,6 @@ _COUNT_FIELDS = frozenset(
 CANCEL_WAIT = 10.0
 
 
-def _error(error: ProxyError) -> Response:
-    return JSONResponse(error.to_body(), status_code=error.status)
-
-
 def _not_found(key: str) -> ClientError:
     return ClientError(
         f"Response with id '{key}' not found.", status=404, param="response_id", code=None
@@ -170,9 +166,9 @@ def routes(deps: RepairDeps, forward: Forward) -> list[Route]:
             check_response_id(key, "response_id")
             loaded = await stateful.load(scope_key(request), key)
         except ProxyError as error:
-            return _error(error)
+            return error_answer(error)
         if loaded is None:
-            return _Forwarded(forward) if pass_unknown else _error(_not_found(key))
+            return _Forwarded(forward) if pass_unknown else error_answer(_not_found(key))
         return loaded
 
     def on_stored(
@@ -188,37 +184,14 @@ def routes(deps: RepairDeps, forward: Forward) -> list[Route]:
             try:
                 return await handler(request, found)
             except ProxyError as error:
-                return _error(error)
+                return error_answer(error)
 
-        return logged(endpoint)
-
-    def logged(
-        endpoint: Callable[[Request], Awaitable[Response]],
-    ) -> Callable[[Request], Awaitable[Response]]:
-        """One log line per call, as every route has, and the `X-Request-Id` header."""
-
-        async def with_log(request: Request) -> Response:
-            started = deps.monotonic()
-            request_id = asgi.request_id(request.scope)
-            response = await endpoint(request)
-            if not isinstance(response, _Forwarded):  # the pass-through logs its own
-                response.headers["x-request-id"] = request_id
-                deps.log(
-                    "request",
-                    request_id=request_id,
-                    route=request.scope["route"].path,
-                    method=request.method,
-                    status=response.status_code,
-                    duration_ms=round((deps.monotonic() - started) * 1000, 2),
-                )
-            return response
-
-        return with_log
+        return logged(deps, endpoint)
 
     async def retrieve(request: Request, found: Loaded) -> Response:
         query = request.query_params
         stream = _flag(query.get("stream"), "stream")
-        after = _integer(query.get("starting_after"), "starting_after", low=-1)
+        after = query_integer(query.get("starting_after"), "starting_after", low=-1)
         if not stream:
             return JSONResponse(found.response)
         return _Follow(deps, scope_key(request), found.key, -1 if after is None else after)
@@ -235,7 +208,7 @@ def routes(deps: RepairDeps, forward: Forward) -> list[Route]:
 
     async def input_items(request: Request, found: Loaded) -> Response:
         query = request.query_params
-        limit = _integer(query.get("limit"), "limit", low=1, high=100) or 20
+        limit = query_integer(query.get("limit"), "limit", low=1, high=100) or 20
         order = query.get("order") or "desc"
         if order not in ("asc", "desc"):
             raise ClientError(f"'order' is {order[:20]!r}: expected 'asc' or 'desc'", param="order")
@@ -280,10 +253,10 @@ def routes(deps: RepairDeps, forward: Forward) -> list[Route]:
             body = parse_body(await request.body())
             count = await _count(deps, scope_key(request), body)
         except ProxyError as error:
-            return _error(error)
+            return error_answer(error)
         return JSONResponse({"object": "response.input_tokens", "input_tokens": count})
 
-    counting = Route("/v1/responses/input_tokens", logged(input_tokens), methods=["POST"])
+    counting = Route("/v1/responses/input_tokens", logged(deps, input_tokens), methods=["POST"])
     if deps.stateful is None:  # store off: stored ids are upstream's business
         return [counting]
     return [
@@ -293,6 +266,36 @@ def routes(deps: RepairDeps, forward: Forward) -> list[Route]:
         Route("/v1/responses/{response_id}/input_items", on_stored(input_items), methods=["GET"]),
         Route("/v1/responses/{response_id}/cancel", on_stored(cancel), methods=["POST"]),
     ]
+
+
+def logged(
+    deps: RepairDeps, endpoint: Callable[[Request], Awaitable[Response]]
+) -> Callable[[Request], Awaitable[Response]]:
+    """One log line per call, as every route has, and the `X-Request-Id` header (the
+    conversation routes use it too)."""
+
+    async def with_log(request: Request) -> Response:
+        started = deps.monotonic()
+        request_id = asgi.request_id(request.scope)
+        response = await endpoint(request)
+        if not isinstance(response, _Forwarded):  # the pass-through logs its own
+            response.headers["x-request-id"] = request_id
+            deps.log(
+                "request",
+                request_id=request_id,
+                route=request.scope["route"].path,
+                method=request.method,
+                status=response.status_code,
+                duration_ms=round((deps.monotonic() - started) * 1000, 2),
+            )
+        return response
+
+    return with_log
+
+
+def error_answer(error: ProxyError) -> Response:
+    """A `ProxyError` as OpenAI's JSON error."""
+    return JSONResponse(error.to_body(), status_code=error.status)
 
 
 class _Forwarded(Response):
@@ -344,19 +347,13 @@ async def _count(deps: RepairDeps, scope_key: str, body: dict[str, Any]) -> int:
     for key in body:
         if key not in _COUNT_FIELDS:
             raise ClientError(f"Unknown parameter: '{key}'.", param=key, code="unknown_parameter")
-    if body.get("conversation") is not None:
-        raise ClientError(
-            "'conversation' is not supported by this proxy yet; send the conversation in 'input'",
-            param="conversation",
-            code="unsupported_parameter",
-        )
     if body.get("personality") is not None:
         raise ClientError(
             "'personality' presets are not supported for gpt-oss",
             param="personality",
             code="unsupported_parameter",
         )
-    create = {k: v for k, v in body.items() if k not in ("conversation", "personality")}
+    create = {k: v for k, v in body.items() if k != "personality"}
     create["model"] = body.get("model") or "gpt-oss"
     if create.get("input") is None:
         create["input"] = []
@@ -380,7 +377,8 @@ def _flag(value: str | None, name: str) -> bool:
     raise ClientError(f"'{name}' is {value[:20]!r}: expected true or false", param=name)
 
 
-def _integer(value: str | None, name: str, *, low: int, high: int = 2**62) -> int | None:
+def query_integer(value: str | None, name: str, *, low: int, high: int = 2**62) -> int | None:
+    """A query parameter as an integer from `low` to `high` (None: absent), else a 400."""
     if value is None:
         return None
     try:

@@ -5,10 +5,11 @@ request continues, and the store's housekeeping.
   `Authorization` bearer token, or of the `store_scope_header` value; no credential at all is
   one shared scope. Every read is by scope: another credential gets 404, never the data.
 - **Context**: `prepare(body, scope, render)` resolves `previous_response_id` (the chain's
-  input and output items) and `item_reference` input items from the store, merges them into a
-  body (`proxy.harmony.history`) and renders that body through the one `render` seam every
-  request takes. Malformed id → 400, unknown → 404, store down → 503, all before anything
-  reaches upstream; errors of the merged input are told in the request's own item numbers.
+  input and output items), `conversation` (its items, issue 16) and `item_reference` input
+  items from the store, merges them into a body (`proxy.harmony.history`) and renders that
+  body through the one `render` seam every request takes. Malformed id → 400, unknown → 404,
+  store down → 503, all before anything reaches upstream; errors of the merged input are told
+  in the request's own item numbers.
 - **Recorders** (recording.py) carry each stored response's writes to the one `StoreWriter`.
 - **Leases**: a running stored response is vouched for by its process (`Lease` every
   `HEARTBEAT` seconds). A reader that finds one past its lease ends it as failed
@@ -28,6 +29,7 @@ from typing import Any
 
 from proxy.config import Settings
 from proxy.errors import ClientError, StoreUnavailableError
+from proxy.harmony import conversation as conv
 from proxy.harmony import history
 from proxy.harmony.request import PreparedRequest
 from proxy.harmony.request_fields import check_response_id
@@ -96,10 +98,22 @@ class Context:
     """What a request continues and how it is stored (the echo is already applied)."""
 
     body: dict[str, Any]
+    #: The items the response is generated from, as stored and listed (`input_items`).
     input: list[dict[str, Any]]
     chain: tuple[str, ...] = ()
     previous_response_id: str | None = None
     background: bool = False
+    #: Whether the response itself is stored (`store`).
+    store: bool = True
+    #: The conversation the response belongs to, and its own input items as that
+    #: conversation keeps them (issue 16): appended, with the output items, when it ends.
+    conversation: str | None = None
+    appended: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def recorded(self) -> bool:
+        """Whether the response has writes to make: its own record, or its conversation's."""
+        return self.store or self.conversation is not None
 
 
 @dataclass
@@ -210,29 +224,68 @@ class Stateful:
     ) -> tuple[PreparedRequest, Context]:
         """Resolve, merge and render `body` (module docstring)."""
         previous = body.get("previous_response_id")
+        conversation = body.get("conversation")
+        if previous is not None and conversation is not None:
+            raise conv.exclusive()
         chain: tuple[str, ...] = ()
         items: list[Any] = []
+        source = "previous_response_id"
         if previous is not None:
             previous = check_response_id(previous, "previous_response_id")
             chain, items = await self._chain(scope, previous)
-        found = await self._references(scope, body.get("input"))
+        elif conversation is not None:
+            conversation = conv.conversation_param(conversation)
+            items = [
+                i for _, i in await self.conversation_items(scope, conversation, "conversation")
+            ]
+            source = "conversation"
+        found = await self.references(scope, body.get("input"))
         own = history.with_references(body, found) if found else body
-        merged = history.merged_body(own, items) if previous is not None else own
+        if conversation is not None:
+            conv.check_input_ids(items, own.get("input"))
+        merged = history.merged_body(own, items) if previous or conversation else own
         try:
             prepared = await render(merged)
         except ClientError as error:
-            raise history.local_error(error, len(items)) from None
+            raise history.local_error(error, len(items), source) from None
         background = body.get("background") is True
-        echo = {**prepared.echo, "previous_response_id": previous, "background": background}
+        echo = {
+            **prepared.echo,
+            "previous_response_id": previous,
+            "background": background,
+            "conversation": None if conversation is None else {"id": conversation},
+        }
         prepared = replace(prepared, echo=echo)
+        listed = (
+            history.stored_input(own["input"], self.ids)
+            if prepared.store or conversation is not None
+            else []
+        )
         context = Context(
             body=merged,
-            input=history.stored_input(own["input"], self.ids) if prepared.store else [],
+            # A conversation's items are part of what the response was made from (listed by
+            # `input_items`, and continued by a later `previous_response_id` to it).
+            input=([*items, *listed] if conversation is not None else listed)
+            if prepared.store
+            else [],
             chain=chain,
             previous_response_id=previous,
             background=background,
+            store=prepared.store,
+            conversation=conversation,
+            appended=tuple(listed) if conversation is not None else (),
         )
         return prepared, context
+
+    async def conversation_items(
+        self, scope: str, key: str, param: str = "conversation_id"
+    ) -> list[tuple[int, dict[str, Any]]]:
+        """(mark, item) of the conversation `key` as `scope` sees it, oldest first; 404 naming
+        `param` when it is not found."""
+        entry = await self.guard(self.store.get(scope, key))
+        if entry is None:
+            raise conv.not_found(key, param)
+        return conv.decode_items(await self.guard(self.store.read_log(key)))
 
     async def _chain(self, scope: str, previous: str) -> tuple[tuple[str, ...], list[Any]]:
         """The ids and the history items of the chain that ends with `previous`."""
@@ -270,8 +323,9 @@ class Stateful:
             [(record.input, record.response.get("output") or []) for record in records]
         )
 
-    async def _references(self, scope: str, value: Any) -> dict[int, Any]:
-        """The stored items the `item_reference` items of `input` name, by index."""
+    async def references(self, scope: str, value: Any, path: str = "input") -> dict[int, Any]:
+        """The stored items the `item_reference` items of `value` (a request's `input`, or the
+        `items` of a conversation call, named by `path`) name, by index."""
         found: dict[int, Any] = {}
         for index, ref in history.references(value):
             key = await self.guard(self.store.resolve(scope, ref))
@@ -281,7 +335,7 @@ class Stateful:
                 raise ClientError(
                     f"Item with id '{ref}' not found.",
                     status=404,
-                    param=f"input[{index}].id",
+                    param=f"{path}[{index}].id",
                     code="item_not_found",
                 )
             found[index] = item
@@ -301,7 +355,10 @@ class Stateful:
         self, key: str, scope: str, context: Context, *, created: bool = False
     ) -> Recorder:
         record = StoredResponse({}, context.input, context.chain, context.background)
-        return Recorder(self, key, scope, record, created=created)
+        recorder = Recorder(self, key, scope, record, created=created, keep=context.store)
+        if context.conversation is not None:
+            recorder.conversation = (context.conversation, context.appended)
+        return recorder
 
     async def load(self, scope: str, key: str) -> Loaded | None:
         """The response `key` as `scope` sees it now (None: not found); a running response's

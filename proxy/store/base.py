@@ -2,15 +2,17 @@
 
 Theory of operation
 -------------------
-The store keeps *entries*. An entry is one stored thing — a response today, a conversation
-tomorrow (issue 16) — and every backend keeps the same parts of it:
+The store keeps *entries*. An entry is one stored thing — a response (issue 13) or a conversation
+(issue 16) — and every backend keeps the same parts of it:
 
     key       its id (`resp_…`), unique in the whole store
     scope     who may see it: a hash of the credential that created it. Every read takes the
               reader's scope and answers "not found" for another scope's entry (isolation)
     doc       one document (bytes), replaced whole: for a response, its record
-    log       append-only entries, each tagged with an integer *mark* that only grows: for a
-              response, its events in batches, the mark the batch's last `sequence_number`
+    log       entries in order, each tagged with an integer *mark* that only grows: for a
+              response, its events in batches (`Append`: the mark is the batch's last
+              `sequence_number`); for a conversation, one item per entry (`Push`: the store
+              numbers them, so writers in any process never collide; `Remove` takes one out)
     aliases   further names under which the entry's scope finds its key (item ids → response)
     signals   named flags raised at most once (`cancel`): kept with the entry for later
               readers, and delivered to whoever waits for signals, in any process
@@ -18,7 +20,8 @@ tomorrow (issue 16) — and every backend keeps the same parts of it:
     created, expires, size   retention: entries past `expires` are gone; past `max_bytes`
               the oldest entries are evicted first
 
-Writes are plain data (`Create`, `Update`, `Append`, `Signal`, `Lease`, `Delete`) handed to
+Writes are plain data (`Create`, `Update`, `Append`, `Push`, `Remove`, `Signal`, `Lease`,
+`Delete`) handed to
 `apply` in batches: a batch is applied in order, in one transaction (SQLite) or one pipeline
 (Redis). A write to a key that no longer exists (deleted, expired, evicted) does nothing, so a
 response deleted while it runs is not brought back by its last events.
@@ -92,6 +95,25 @@ class Append:
 
 
 @dataclass(frozen=True, slots=True)
+class Push:
+    """Add log entries after the entry's last one, in order; the store gives them marks above
+    every mark the entry holds, in the same atomic step as the rest of the batch. So concurrent
+    pushes from any process land one after the other, never interleaved, never lost (issue 16:
+    a conversation's items). An entry is written with `Append` or with `Push`, never both."""
+
+    key: str
+    data: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Remove:
+    """Take the log entry with `mark` out of the entry's log (nothing when there is none)."""
+
+    key: str
+    mark: int
+
+
+@dataclass(frozen=True, slots=True)
 class Signal:
     """Raise the named signal on an entry (kept, and delivered to `next_signals` waiters)."""
 
@@ -114,7 +136,7 @@ class Delete:
     key: str
 
 
-Op = Create | Update | Append | Signal | Lease | Delete
+Op = Create | Update | Append | Push | Remove | Signal | Lease | Delete
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,8 @@ from proxy.store.base import (
     Entry,
     Lease,
     Op,
+    Push,
+    Remove,
     Signal,
     Stats,
     Store,
@@ -83,9 +85,17 @@ class MemoryStore(Store):
             if held.log and op.mark <= held.log[-1][0]:
                 return
             held.log.append((op.mark, op.data))
-            held.size += len(op.data)
-            self._bytes += len(op.data)
-            self._waiters.wake(op.key)
+            self._grow(held, len(op.data))
+        elif isinstance(op, Push):
+            top = held.log[-1][0] if held.log else -1
+            held.log += [(top + 1 + index, data) for index, data in enumerate(op.data)]
+            self._grow(held, sum(len(data) for data in op.data))
+        elif isinstance(op, Remove):
+            for index, (mark, data) in enumerate(held.log):
+                if mark == op.mark:
+                    del held.log[index]
+                    self._grow(held, -len(data))
+                    break
         elif isinstance(op, Signal):
             if op.name in held.entry.signals:
                 return
@@ -97,6 +107,12 @@ class MemoryStore(Store):
             held.entry = replace(held.entry, lease=op.until)
         elif isinstance(op, Delete):
             self._drop(op.key)
+
+    def _grow(self, held: _Held, size: int) -> None:
+        """The log of `held` changed by `size` bytes."""
+        held.size += size
+        self._bytes += size
+        self._waiters.wake(held.entry.key)
 
     def _drop(self, key: str) -> None:
         held = self._held.pop(key, None)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass, field
 
-from proxy.store.base import Append, Create, Lease, Op, Signal, Update, entry_size
+from proxy.store.base import Append, Create, Lease, Op, Push, Remove, Signal, Update, entry_size
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
@@ -140,6 +140,17 @@ def _one(db: sqlite3.Connection, op: Op, applied: Applied) -> int:
         # less written to the WAL per append. `_delete` adds the log's bytes back.
         applied.woken.add(op.key)
         return len(op.data)
+    if isinstance(op, Push):
+        return _push(db, op, applied)
+    if isinstance(op, Remove):
+        row = db.execute(
+            "SELECT length(data) FROM log WHERE key = ? AND mark = ?", (op.key, op.mark)
+        ).fetchone()
+        if row is None:
+            return 0
+        db.execute("DELETE FROM log WHERE key = ? AND mark = ?", (op.key, op.mark))
+        applied.woken.add(op.key)
+        return -int(row[0])
     if isinstance(op, Signal):
         row = db.execute("SELECT signals FROM entries WHERE key = ?", (op.key,)).fetchone()
         raised = set(row[0].split(",")) if row is not None and row[0] else set()
@@ -161,6 +172,25 @@ def _one(db: sqlite3.Connection, op: Op, applied: Applied) -> int:
     if freed:
         applied.woken.add(op.key)
     return -freed
+
+
+def _push(db: sqlite3.Connection, op: Push, applied: Applied) -> int:
+    """Number `op.data` after the entry's last mark (inside the transaction: no other writer
+    can take the same marks) and insert them."""
+    if (
+        not op.data
+        or db.execute("SELECT 1 FROM entries WHERE key = ?", (op.key,)).fetchone() is None
+    ):
+        return 0
+    (top,) = db.execute(
+        "SELECT coalesce(max(mark), -1) FROM log WHERE key = ?", (op.key,)
+    ).fetchone()
+    db.executemany(
+        "INSERT INTO log (key, mark, data) VALUES (?, ?, ?)",
+        [(op.key, int(top) + 1 + index, data) for index, data in enumerate(op.data)],
+    )
+    applied.woken.add(op.key)
+    return sum(len(data) for data in op.data)
 
 
 def delete_entry(db: sqlite3.Connection, key: str) -> int:
