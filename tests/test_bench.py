@@ -153,3 +153,18 @@ def test_http_guard_compares_both_protocols() -> None:
         assert round_trip > 0
         assert per_frame > 0
         assert upload > 0
+
+
+def test_workers_measures_one_and_two_workers_without_errors() -> None:
+    output = bench(
+        "workers.py",
+        *("--streams", "8", "--concurrency", "4", "--tokens", "60", "--repeats", "1"),
+        *("--upstreams", "replay"),
+    )
+    table = rows(output)
+    layouts = {name: cells for name, cells in table.items() if "worker" in name}
+    assert len(layouts) >= 2, output  # 4 on a 2-core machine
+    for cells in layouts.values():
+        assert cells[0] == "8", output  # streams
+        assert float(cells[1].split(" / ")[0].replace(",", "")) > 0  # aggregate tok/s
+        assert cells[-2:] == ["0", "ok"], output  # no errors; /metrics summed right

@@ -1,0 +1,289 @@
+"""Benchmark (issue 17): aggregate tokens/s and CPU per token with 1 and 2 worker processes,
+with the proxy on one core and on both, the load generator measured.
+
+    .venv/bin/python bench/workers.py [--streams 1000] [--concurrency 1000] [--tokens 1000]
+                                      [--repeats 3] [--upstreams simulator replay]
+
+Each row is a fresh `python -m proxy serve --workers N` (production settings, JSON log at info
+level), its process tree (supervisor, workers, render workers) pinned to the listed cores; the
+benchmark process — upstream and load generator, on uvloop — on the other core, or on both when
+the proxy has both. Rows run interleaved, `--repeats` rounds, medians (and the worst run).
+
+Two upstreams, the same answers: `simulator` is the trtllm-serve simulator (2 ms per token,
+`stream_interval` 20: 20 tokens per frame), as bench/capacity.py uses it; `replay`
+(bench/replay_upstream.py) replays the simulator's recorded answer with its pacing at a small
+fraction of its CPU, so that what limits two workers on a 2-core machine is the proxy, not the
+generator sharing its cores.
+
+Columns: aggregate tok/s (every stream's tokens / wall time); proxy CPU % (the whole process
+tree, from /proc, 100 % = one core) and µs of it per token; generator CPU % (this process);
+machine busy % (both cores, from /proc/stat, 100 % = both, other engineers' runs included);
+errors (a stream that did not end `response.completed` with the expected text and token count);
+metrics (the `/metrics` delta of completed requests and of tokens equals what the clients got:
+the sum over the workers is right).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import uvloop
+from prometheus_client.parser import text_string_to_metric_families
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import harness
+from bench.replay_upstream import ReplayUpstream
+from proxy.simulator import SimulatorConfig, create_simulator_app, start_simulator
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Layout:
+    workers: int
+    proxy_cores: tuple[int, ...]
+
+    @property
+    def name(self) -> str:
+        cores = ",".join(map(str, self.proxy_cores))
+        return f"{self.workers} worker{'s' if self.workers > 1 else ''}, proxy on core {cores}"
+
+
+@dataclass
+class Run:
+    tokens: int = 0
+    completed: int = 0
+    errors: int = 0
+    wall: float = 0.0
+    proxy_cpu: float = 0.0
+    generator_cpu: float = 0.0
+    machine_busy: float = 0.0
+    metrics_ok: bool = False
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """User + system CPU of `root` and every live descendant (the workers and their render
+    workers), from /proc."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid = int(entry.name)
+        parents[pid] = int(fields[1])
+        times[pid] = (int(fields[11]) + int(fields[12])) / _TICKS
+    total = 0.0
+    for pid, seconds in times.items():
+        walk = pid
+        while walk not in (0, 1) and walk != root:
+            walk = parents.get(walk, 0)
+        if walk == root:
+            total += seconds
+    return total
+
+
+def machine_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of all cores so far."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = values[3] + values[4]  # idle + iowait
+    return sum(values) - idle, sum(values)
+
+
+async def scrape(port: int) -> dict[str, float]:
+    """Completed requests and tokens in one scrape of `/metrics`."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+    raw = await reader.read()
+    writer.close()
+    text = raw.split(b"\r\n\r\n", 1)[1].decode()
+    found = {"completed": 0.0, "tokens": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "proxy_requests_total" and sample.labels["outcome"] == "completed":
+                found["completed"] += sample.value
+            elif sample.name == "proxy_tokens_total":
+                found["tokens"] += sample.value
+    return found
+
+
+async def ready_everywhere(port: int, count: int) -> None:
+    """/readyz on `count` new connections in a row answers 200: every worker is up."""
+    streak = 0
+    deadline = time.monotonic() + 60
+    while streak < count and time.monotonic() < deadline:
+        try:
+            status = await harness._get_status(port, "/readyz")
+        except OSError:
+            status = 0
+        streak = streak + 1 if status == 200 else 0
+        if status != 200:
+            await asyncio.sleep(0.1)
+
+
+def _pin(cores: tuple[int, ...]) -> None:
+    if set(cores) <= set(harness.cores()):
+        os.sched_setaffinity(0, set(cores))
+
+
+async def one_run(upstream: str, layout: Layout, args: argparse.Namespace) -> Run:
+    all_cores = tuple(harness.cores())
+    alone = len(layout.proxy_cores) == 1 and len(all_cores) > 1
+    generator_cores = tuple(c for c in all_cores if c not in layout.proxy_cores) if alone else ()
+    _pin(generator_cores or all_cores)
+    proxy = await harness.start_proxy(
+        upstream,
+        core=layout.proxy_cores[0] if alone else None,
+        workers=str(layout.workers),
+    )
+    body = orjson.dumps({"model": harness.MODEL, "input": "Where is my order?", "stream": True})
+    payload = harness.request_bytes("/v1/responses", body, {"x-sim-tokens": str(args.tokens)})
+    run = Run()
+    try:
+        await ready_everywhere(proxy.port, 8 * layout.workers)
+        for _ in range(4 * layout.workers):  # warm-up: imports, pools, caches, in every worker
+            await harness.stream(proxy.port, payload, keep_reads=False)
+        reference = await harness.stream(proxy.port, payload, keep_reads=False)
+        expected = _outcome(reference)
+        before = await scrape(proxy.port)
+        semaphore = asyncio.Semaphore(args.concurrency)
+
+        async def client() -> None:
+            async with semaphore:
+                answer = await harness.stream(proxy.port, payload, keep_reads=False)
+            got = _outcome(answer)
+            if got is None or got != expected:
+                run.errors += 1
+                return
+            run.completed += 1
+            run.tokens += got[0]
+
+        cpu0, gen0 = tree_cpu_seconds(proxy.pid), harness.self_cpu_seconds()
+        busy0, total0 = machine_ticks()
+        wall0 = time.monotonic()
+        await asyncio.gather(*(client() for _ in range(args.streams)))
+        run.wall = time.monotonic() - wall0
+        run.proxy_cpu = tree_cpu_seconds(proxy.pid) - cpu0
+        run.generator_cpu = harness.self_cpu_seconds() - gen0
+        busy1, total1 = machine_ticks()
+        run.machine_busy = (busy1 - busy0) / max(1, total1 - total0)
+        after = await scrape(proxy.port)
+        run.metrics_ok = (
+            after["completed"] - before["completed"] == run.completed
+            and after["tokens"] - before["tokens"] == run.tokens
+        )
+    finally:
+        proxy.stop()
+    return run
+
+
+def _outcome(answer: harness.Answer) -> tuple[int, bytes] | None:
+    """(output tokens, the output items' text) of a completed stream, else None."""
+    terminal = answer.terminal() if answer.status == 200 else None
+    if terminal is None or terminal["type"] != "response.completed":
+        return None
+    response = terminal["response"]
+    text = b"|".join(
+        part.get("text", "").encode()
+        for item in response["output"]
+        for part in item.get("content", [])
+    )
+    return int(response["usage"]["output_tokens"]), text
+
+
+def _row(layout: Layout, runs: list[Run], baseline: float) -> list[str]:
+    med = harness.median
+    rate = [r.tokens / r.wall for r in runs]
+    per_token = [r.proxy_cpu / max(r.tokens, 1) * 1e6 for r in runs]
+    return [
+        layout.name,
+        str(runs[0].completed + runs[0].errors),
+        f"{med(rate):,.0f} / {min(rate):,.0f}",
+        f"{med(rate) / baseline:.2f}×" if baseline else "-",
+        f"{med([r.proxy_cpu / r.wall * 100 for r in runs]):.0f}",
+        f"{med(per_token):.1f} / {max(per_token):.1f}",
+        f"{med([r.generator_cpu / r.wall * 100 for r in runs]):.0f}",
+        f"{med([r.machine_busy * 100 for r in runs]):.0f}",
+        str(sum(r.errors for r in runs)),
+        "ok" if all(r.metrics_ok for r in runs) else "WRONG",
+    ]
+
+
+async def run_all(args: argparse.Namespace) -> None:
+    encoding = harness.encoding()
+    harness.raise_fd_limit()
+    config = SimulatorConfig(
+        token_seconds=0.002, first_token_seconds=0.02, stream_interval=20, record_limit=100
+    )
+    sim = await start_simulator(config, encoding, app=create_simulator_app(config, encoding))
+    replay = await ReplayUpstream("127.0.0.1", sim.port).start()
+    upstreams = {"simulator": sim.url, "replay": replay.url}
+    two = tuple(harness.cores()[:2])
+    layouts = [Layout(1, two[:1]), Layout(2, two[:1]), Layout(1, two), Layout(2, two)]
+    print(f"# bench/workers.py — {harness.machine()}")
+    print(
+        f"# {args.streams} streams of ~{args.tokens} tokens, {args.concurrency} at a time; "
+        "2 ms/token, stream_interval 20 (20 tokens per frame); "
+        f"{args.repeats} rounds, layouts interleaved; median / worst"
+    )
+    try:
+        for name in args.upstreams:
+            runs: dict[Layout, list[Run]] = {layout: [] for layout in layouts}
+            for _ in range(args.repeats):
+                for layout in layouts:
+                    runs[layout].append(await one_run(upstreams[name], layout, args))
+            baseline = harness.median([r.tokens / r.wall for r in runs[layouts[0]]])
+            print()
+            print(f"## upstream: {name}")
+            print(
+                harness.table(
+                    [
+                        "layout",
+                        "streams",
+                        "aggregate tok/s",
+                        "vs 1 worker on 1 core",
+                        "proxy CPU %",
+                        "proxy µs / token",
+                        "generator CPU %",
+                        "machine busy %",
+                        "errors",
+                        "metrics",
+                    ],
+                    [_row(layout, runs[layout], baseline) for layout in layouts],
+                )
+            )
+    finally:
+        _pin(tuple(harness.cores()))
+        await replay.close()
+        await sim.stop()
+    if len(harness.cores()) < 2:
+        print("note: fewer than 2 cores: the one-core and two-core layouts are the same")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--streams", type=int, default=1000)
+    parser.add_argument("--concurrency", type=int, default=1000)
+    parser.add_argument("--tokens", type=int, default=1000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--upstreams", nargs="*", choices=["simulator", "replay"], default=["simulator", "replay"]
+    )
+    args = parser.parse_args()
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(run_all(args))
+
+
+if __name__ == "__main__":
+    main()
