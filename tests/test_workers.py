@@ -96,21 +96,32 @@ async def _streams(
         return list(await asyncio.gather(*(one(n) for n in range(count))))
 
 
-def test_workers_share_the_port_and_metrics_sum_over_them(
-    workers: Workers, encoding: HarmonyEncoding
-) -> None:
-    streams = 40
-    results = asyncio.run(_streams(workers.url, streams))
+def _all_correct(
+    workers: Workers,
+    encoding: HarmonyEncoding,
+    results: list[tuple[str, bytes]],
+    min_tokens: int,
+) -> tuple[int, list[int]]:
+    """Every stream completed with exactly the simulator's answer to its question: the tokens
+    they carried, and how many each worker served."""
     tokens = 0
     for number, (_, raw) in enumerate(results):
         events = sse_events(raw)
         response = assert_well_formed(events)
         assert response["status"] == "completed"
-        expected = completion(encoding, body(f"Question {number}"), min_tokens=40)
+        expected = completion(encoding, body(f"Question {number}"), min_tokens=min_tokens)
         assert texts(events) == expected_texts(expected)
         tokens += response["usage"]["output_tokens"]
     served = workers.served_by()
-    per_worker = [sum(1 for rid, _ in results if served[rid] == w) for w in (0, 1)]
+    return tokens, [sum(1 for rid, _ in results if served[rid] == w) for w in (0, 1)]
+
+
+def test_workers_share_the_port_and_metrics_sum_over_them(
+    workers: Workers, encoding: HarmonyEncoding
+) -> None:
+    streams = 40
+    results = asyncio.run(_streams(workers.url, streams))
+    tokens, per_worker = _all_correct(workers, encoding, results, 40)
     assert min(per_worker) > 0, per_worker  # the kernel spread the connections
     # `proxy_ready` is what each worker's /readyz last answered (a worker asked while its
     # render worker booted said 503): ask until both have said 200 since.
@@ -299,16 +310,7 @@ def test_a_thousand_streams_across_two_workers(workers: Workers, encoding: Harmo
     """Issue 17's load test: all complete and correct, and the metrics add up."""
     streams = scaled(200, 1000)
     results = asyncio.run(_streams(workers.url, streams, lambda n: "100"))
-    tokens = 0
-    for number, (_, raw) in enumerate(results):
-        events = sse_events(raw)
-        response = assert_well_formed(events)
-        assert response["status"] == "completed"
-        expected = completion(encoding, body(f"Question {number}"), min_tokens=100)
-        assert texts(events) == expected_texts(expected)
-        tokens += response["usage"]["output_tokens"]
-    served = workers.served_by()
-    per_worker = [sum(1 for rid, _ in results if served[rid] == w) for w in (0, 1)]
+    tokens, per_worker = _all_correct(workers, encoding, results, 100)
     assert sum(per_worker) == streams
     assert min(per_worker) > streams // 4, per_worker
     assert workers.metric("proxy_requests_total", outcome="completed") == streams
