@@ -90,8 +90,6 @@ class Supervisor:
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._on_signal, sig)
         settings = self._settings
         try:
             reserved = bind_socket(settings.host, settings.port)
@@ -104,6 +102,8 @@ class Supervisor:
         settings = dataclasses.replace(settings, port=reserved.getsockname()[1])
         settings = self._shared_key(settings)
         registry = multiproc.shared_registry(self._metrics_dir)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
         try:
             async with (
                 simulated_upstream(settings, self._encoding, self._log) as settings,
@@ -152,8 +152,19 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         quick_deaths = 0
         while not self._stopping:
-            process = await self._spawn(index, settings)
+            try:
+                process = await self._spawn(index, settings)
+            except OSError as exc:  # no such interpreter, out of processes or memory
+                self._log.error(
+                    "worker cannot start: stopping the proxy",
+                    extra={"worker": index, "error": str(exc)},
+                )
+                self._status = 1
+                self._stop()
+                return
             self._processes[index] = process
+            if self._stopping:  # the signal came while it was being started
+                process.send_signal(signal.SIGTERM)
             ready = await self._wait_ready(process)
             if not ready:
                 # Exited, or still loading after STARTUP_TIMEOUT (or the proxy is stopping).
@@ -225,6 +236,8 @@ class Supervisor:
         self._stop()
 
     def _stop(self) -> None:
+        if self._stopping:
+            return
         self._stopping = True
         self._signal_all(signal.SIGTERM)
         self._killer = asyncio.ensure_future(self._kill_stragglers())
