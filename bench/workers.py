@@ -3,6 +3,10 @@ with the proxy on one core and on both, the load generator measured.
 
     .venv/bin/python bench/workers.py [--streams 1000] [--concurrency 1000] [--tokens 1000]
                                       [--repeats 3] [--upstreams simulator replay]
+                                      [--before DIR]
+
+`--before DIR` adds a row for the proxy of another checkout (e.g. `git archive main | tar -x -C
+DIR`): one process on core 0, as before this issue.
 
 Each row is a fresh `python -m proxy serve --workers N` (production settings, JSON log at info
 level), its process tree (supervisor, workers, render workers) pinned to the listed cores; the
@@ -50,10 +54,14 @@ _TICKS = os.sysconf("SC_CLK_TCK")
 class Layout:
     workers: int
     proxy_cores: tuple[int, ...]
+    #: Another checkout's proxy (`--before`), which has no `workers` setting.
+    root: Path | None = None
 
     @property
     def name(self) -> str:
         cores = ",".join(map(str, self.proxy_cores))
+        if self.root is not None:
+            return f"before: 1 process, proxy on core {cores}"
         return f"{self.workers} worker{'s' if self.workers > 1 else ''}, proxy on core {cores}"
 
 
@@ -142,11 +150,11 @@ async def one_run(upstream: str, layout: Layout, args: argparse.Namespace) -> Ru
     alone = len(layout.proxy_cores) == 1 and len(all_cores) > 1
     generator_cores = tuple(c for c in all_cores if c not in layout.proxy_cores) if alone else ()
     _pin(generator_cores or all_cores)
-    proxy = await harness.start_proxy(
-        upstream,
-        core=layout.proxy_cores[0] if alone else None,
-        workers=str(layout.workers),
-    )
+    core = layout.proxy_cores[0] if alone else None
+    if layout.root is not None:
+        proxy = await harness.start_proxy(upstream, core=core, root=layout.root)
+    else:
+        proxy = await harness.start_proxy(upstream, core=core, workers=str(layout.workers))
     body = orjson.dumps({"model": harness.MODEL, "input": "Where is my order?", "stream": True})
     payload = harness.request_bytes("/v1/responses", body, {"x-sim-tokens": str(args.tokens)})
     run = Run()
@@ -231,6 +239,8 @@ async def run_all(args: argparse.Namespace) -> None:
     upstreams = {"simulator": sim.url, "replay": replay.url}
     two = tuple(harness.cores()[:2])
     layouts = [Layout(1, two[:1]), Layout(2, two[:1]), Layout(1, two), Layout(2, two)]
+    if args.before is not None:
+        layouts.insert(0, Layout(1, two[:1], args.before.resolve()))
     print(f"# bench/workers.py — {harness.machine()}")
     print(
         f"# {args.streams} streams of ~{args.tokens} tokens, {args.concurrency} at a time; "
@@ -243,7 +253,8 @@ async def run_all(args: argparse.Namespace) -> None:
             for _ in range(args.repeats):
                 for layout in layouts:
                     runs[layout].append(await one_run(upstreams[name], layout, args))
-            baseline = harness.median([r.tokens / r.wall for r in runs[layouts[0]]])
+            first = next(layout for layout in layouts if layout.root is None)
+            baseline = harness.median([r.tokens / r.wall for r in runs[first]])
             print()
             print(f"## upstream: {name}")
             print(
@@ -280,6 +291,7 @@ def main() -> None:
     parser.add_argument(
         "--upstreams", nargs="*", choices=["simulator", "replay"], default=["simulator", "replay"]
     )
+    parser.add_argument("--before", type=Path, help="a checkout whose proxy is the 'before' row")
     args = parser.parse_args()
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(run_all(args))
