@@ -3,6 +3,7 @@ memory at 1, 64, 256 and 1,000 concurrent streams, and how its cost grows with r
 
     .venv/bin/python bench/capacity.py [--concurrency 1 64 256 1000] [--tokens 1000]
                                        [--lengths 100 300 1000 3000] [--repeats 3]
+                                       [--before DIR] [--setting NAME=VALUE ...]
 
 The proxy (`python -m proxy serve`, production settings: JSON request log at info level) runs
 alone on core 0; the simulator (2 ms per token, `stream_interval` 20: 20 tokens per frame) and
@@ -10,15 +11,21 @@ the load generator share core 1. Each configuration is run `--repeats` times wit
 the table gives the median (and the worst run after a slash where it matters). A stream counts
 only when it ends in `response.completed` with the simulator's token count.
 
-- CPU s / 1k tok: the proxy's user+system CPU (from /proc) per 1,000 generated tokens; its
-  inverse is what one core sustains ("tok/s per core").
+- CPU s / 1k tok: the proxy's user+system CPU (from /proc, with any process it started) per
+  1,000 generated tokens; its inverse is what one core sustains ("tok/s per core"); "µs /
+  token" is the same figure per generated token.
 - peak RSS, per stream: the proxy's resident memory at its peak, and (peak - idle) / the most
   streams open at once.
 - generator CPU: the benchmark process's CPU share (simulator + client). Below ~90 %, the
   generator was not what limited the aggregate rate.
 
-Target (issue 7): one core sustains ≥ 20,000 tokens/s at 20 tokens per frame, with under 100 KB
-per open stream; cost linear in response length.
+Targets: one core sustains ≥ 20,000 tokens/s at 20 tokens per frame, with under 100 KB per open
+stream; cost linear in response length (issue 7); CPU per generated token ≤ 8 µs at 20 tokens
+per frame with the recovery accounting on, as the proxy runs by default (issue 17), printed
+against every row. `--before DIR` runs the proxy of another checkout (e.g. `git worktree add DIR
+main`) in the same run, interleaved run by run, for a before/after in one table. `--setting
+store_url=off` (any proxy setting, repeatable) runs both proxies with it: the response store of
+issue 13 (on by default) has its own cost, shown apart this way.
 """
 
 from __future__ import annotations
@@ -65,9 +72,20 @@ class Run:
         return (self.rss_at_max_open_kb - self.idle_rss_kb) / self.max_open
 
 
-async def one_run(sim_url: str, concurrency: int, tokens: int, streams: int) -> Run:
+#: Issue 17: end-to-end CPU per generated token at 20 tokens per frame, accounting on.
+TARGET_US_PER_TOKEN = 8.0
+
+
+async def one_run(
+    sim_url: str,
+    concurrency: int,
+    tokens: int,
+    streams: int,
+    root: Path = harness.ROOT,
+    settings: dict[str, str] | None = None,
+) -> Run:
     """`streams` requests of about `tokens` tokens, `concurrency` at a time, fresh proxy."""
-    proxy = await harness.start_proxy(sim_url)
+    proxy = await harness.start_proxy(sim_url, root=root, **(settings or {}))
     body = orjson.dumps({"model": harness.MODEL, "input": "Where is my order?", "stream": True})
     payload = harness.request_bytes("/v1/responses", body, {"x-sim-tokens": str(tokens)})
     run = Run(concurrency)
@@ -135,33 +153,50 @@ async def run_all(args: argparse.Namespace) -> None:
         token_seconds=0.002, first_token_seconds=0.02, stream_interval=20, record_limit=100
     )
     sim = await start_simulator(config, encoding, app=create_simulator_app(config, encoding))
+    builds = {"now": harness.ROOT} | ({"before": Path(args.before)} if args.before else {})
+    settings = dict(args.setting)
     print(f"# bench/capacity.py — {harness.machine()}")
     print(
         "# simulator: 2 ms/token, first token 20 ms, stream_interval 20 (20 tokens per frame); "
         f"{args.repeats} runs per row, fresh proxy each; median / worst"
     )
+    if settings:
+        print(f"# proxy settings: {', '.join(f'{k}={v}' for k, v in settings.items())}")
+
+    async def runs_of(concurrency: int, tokens: int, streams: int) -> dict[str, list[Run]]:
+        """`--repeats` runs per build, interleaved (drift on the machine hits all alike)."""
+        runs: dict[str, list[Run]] = {build: [] for build in builds}
+        for _ in range(args.repeats):
+            for build, root in builds.items():
+                runs[build].append(
+                    await one_run(sim.url, concurrency, tokens, streams, root, settings)
+                )
+        return runs
+
     try:
-        rows = []
+        rows, verdicts = [], []
         for concurrency in args.concurrency:
             streams = max(concurrency, args.min_streams)
-            runs = [
-                await one_run(sim.url, concurrency, args.tokens, streams)
-                for _ in range(args.repeats)
-            ]
-            rows.append(_row(runs))
+            for build, runs in (await runs_of(concurrency, args.tokens, streams)).items():
+                rows.append(_row(runs, build if len(builds) > 1 else None))
+                us = harness.median([r.cpu_per_1k for r in runs]) * 1000
+                verdict = "met" if us <= TARGET_US_PER_TOKEN else "MISSED"
+                verdicts.append(f"{concurrency} streams at once ({build}): {us:.2f} µs ({verdict})")
         if rows:
             print()
             print(f"## cost and memory by concurrency (~{args.tokens} tokens per response)")
+            headers = ["streams at once", *(["build"] if len(builds) > 1 else [])]
             print(
                 harness.table(
                     [
-                        "streams at once",
+                        *headers,
                         "streams",
                         "tokens",
                         "wall s",
                         "aggregate tok/s",
                         "proxy CPU %",
                         "CPU s / 1k tok",
+                        "µs / token",
                         "tok/s per core",
                         "idle RSS MB",
                         "peak RSS MB",
@@ -173,26 +208,31 @@ async def run_all(args: argparse.Namespace) -> None:
                     rows,
                 )
             )
+            print()
+            print(f"CPU per generated token, target ≤ {TARGET_US_PER_TOKEN:g} µs (issue 17):")
+            for line in verdicts:
+                print(f"  {line}")
         length_rows = []
-        fit: list[tuple[float, float]] = []
+        fits: dict[str, list[tuple[float, float]]] = {build: [] for build in builds}
         for length in args.lengths:
-            runs = [
-                await one_run(sim.url, args.length_concurrency, length, args.length_concurrency)
-                for _ in range(args.repeats)
-            ]
-            cpu_per_request = harness.median([r.cpu / max(r.completed, 1) for r in runs])
-            mean_tokens = harness.median([r.tokens / max(r.completed, 1) for r in runs])
-            fit.append((mean_tokens, cpu_per_request))
-            length_rows.append(
-                [
-                    length,
-                    f"{mean_tokens:.0f}",
-                    f"{cpu_per_request * 1000:.2f}",
-                    f"{harness.median([r.cpu_per_1k for r in runs]):.4f}",
-                    f"{1000 / harness.median([r.cpu_per_1k for r in runs]):,.0f}",
-                    sum(r.errors for r in runs),
-                ]
-            )
+            by_build = await runs_of(args.length_concurrency, length, args.length_concurrency)
+            for build, runs in by_build.items():
+                cpu_per_request = harness.median([r.cpu / max(r.completed, 1) for r in runs])
+                mean_tokens = harness.median([r.tokens / max(r.completed, 1) for r in runs])
+                fits[build].append((mean_tokens, cpu_per_request))
+                per_1k = harness.median([r.cpu_per_1k for r in runs])
+                length_rows.append(
+                    [
+                        length,
+                        *([build] if len(builds) > 1 else []),
+                        f"{mean_tokens:.0f}",
+                        f"{cpu_per_request * 1000:.2f}",
+                        f"{per_1k:.4f}",
+                        f"{per_1k * 1000:.2f}",
+                        f"{1000 / per_1k:,.0f}",
+                        sum(r.errors for r in runs),
+                    ]
+                )
         if length_rows:
             print()
             print(f"## cost by response length ({args.length_concurrency} streams at once)")
@@ -200,28 +240,32 @@ async def run_all(args: argparse.Namespace) -> None:
                 harness.table(
                     [
                         "X-Sim-Tokens",
+                        *(["build"] if len(builds) > 1 else []),
                         "tokens per response",
                         "CPU ms per response",
                         "CPU s / 1k tok",
+                        "µs / token",
                         "tok/s per core",
                         "errors",
                     ],
                     length_rows,
                 )
             )
-            fixed, per_token, r2 = _linear(fit)
             print()
-            print(
-                f"least squares: CPU per response = {fixed * 1000:.2f} ms + "
-                f"{per_token * 1e6:.2f} µs × tokens (R² = {r2:.4f})"
-            )
+            for build, fit in fits.items():
+                fixed, per_token, r2 = _linear(fit)
+                label = f" ({build})" if len(builds) > 1 else ""
+                print(
+                    f"least squares{label}: CPU per response = {fixed * 1000:.2f} ms + "
+                    f"{per_token * 1e6:.2f} µs × tokens (R² = {r2:.4f})"
+                )
     finally:
         await sim.stop()
     if not pinned:
         print("note: fewer than 2 cores: processes were not pinned")
 
 
-def _row(runs: list[Run]) -> list[str]:
+def _row(runs: list[Run], build: str | None) -> list[str]:
     med = harness.median
 
     def both(values: list[float], fmt: str, worst: float) -> str:
@@ -230,12 +274,14 @@ def _row(runs: list[Run]) -> list[str]:
     cpu_per_1k = [r.cpu_per_1k for r in runs]
     return [
         str(runs[0].concurrency),
+        *([build] if build else []),
         str(sum(r.completed for r in runs) // len(runs)),
         str(int(med([r.tokens for r in runs]))),
         f"{med([r.wall for r in runs]):.2f}",
         f"{med([r.tokens / r.wall for r in runs]):,.0f}",
         f"{med([r.cpu / r.wall * 100 for r in runs]):.0f}",
         both(cpu_per_1k, "{:.4f}", max(cpu_per_1k)),
+        f"{med(cpu_per_1k) * 1000:.2f}",
         f"{1000 / med(cpu_per_1k):,.0f}",
         _mb(med([r.idle_rss_kb for r in runs])),
         _mb(max(r.peak_rss_kb for r in runs)),
@@ -269,6 +315,10 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="*", default=[100, 300, 1000, 3000])
     parser.add_argument("--length-concurrency", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--before", help="another checkout whose proxy to run alongside")
+    parser.add_argument(
+        "--setting", type=harness.settings_arg, action="append", default=[], metavar="NAME=VALUE"
+    )
     asyncio.run(run_all(parser.parse_args()))
 
 

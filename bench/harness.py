@@ -94,9 +94,9 @@ class Process:
         return self.popen.pid
 
     def cpu_seconds(self) -> float:
-        """User + system CPU time of the process so far (10 ms resolution)."""
-        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _TICKS
+        """User + system CPU time so far (10 ms resolution) of the process and of every process
+        it started that is still running (workers: the CPU a deployment pays for)."""
+        return sum(_cpu_ticks(pid) for pid in _process_tree(self.pid)) / _TICKS
 
     def rss_kb(self) -> int:
         return _status_kb(self.pid, "VmRSS")
@@ -110,6 +110,37 @@ class Process:
             self.popen.wait()
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def _stat(pid: int) -> list[str]:
+    """/proc/<pid>/stat after the command name (fields 3…)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def _cpu_ticks(pid: int) -> int:
+    try:
+        fields = _stat(pid)
+    except OSError:  # it ended since the tree was read
+        return 0
+    return int(fields[11]) + int(fields[12])
+
+
+def _process_tree(root: int) -> list[int]:
+    """`root` and its descendants now alive."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int(_stat(int(entry.name))[1])
+            except OSError:
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo += children.get(pid, [])
+    return tree
 
 
 def _status_kb(pid: int, key: str) -> int:
@@ -195,6 +226,14 @@ async def start_proxy(
     process = await start_process("proxy", argv, port, core=core, ready_path="/readyz", cwd=root)
     process.scratch = scratch
     return process
+
+
+def settings_arg(text: str) -> tuple[str, str]:
+    """`NAME=VALUE` (a `--setting` of the benchmarks: a proxy setting, e.g. `store_url=off`)."""
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise ValueError(f"expected NAME=VALUE, got {text!r}")
+    return name.replace("-", "_"), value
 
 
 async def start_relay(

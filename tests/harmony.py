@@ -6,10 +6,12 @@ import itertools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from hypothesis import strategies as st
 from openai_harmony import HarmonyEncoding
 
 from proxy.harmony.response import CountingIds, ResponseContext
 from proxy.harmony.stream import ResponseStream
+from proxy.harmony.tokens import CALL, CHANNEL, CONSTRAIN, END, MESSAGE, RETURN, START
 
 MODEL = "openai/gpt-oss-120b"
 
@@ -94,3 +96,55 @@ def semantic(items: Sequence[dict[str, Any]]) -> list[tuple[Any, ...]]:
             text = "".join(part["text"] for part in item.get("content") or [])
             out.append((kind, text))
     return out
+
+
+# -- engine outputs, malformed ones included (Hypothesis) ----------------------------------
+
+HEADERS = [
+    "<|channel|>analysis<|message|>",
+    "<|channel|>final<|message|>",
+    "<|start|>assistant<|channel|>analysis<|message|>",
+    "<|start|>assistant<|channel|>final<|message|>",
+    "<|start|>assistant<|channel|>commentary<|message|>",
+    "<|start|>assistant<|channel|>commentary to=functions.f <|constrain|>json<|message|>",
+    "<|start|>assistant to=python<|channel|>analysis<|message|>",
+    "<|start|>assistant<|channel|>commentary to=browser.search<|message|>",  # JSON or a 400
+    "<|start|>assistant<|channel|>commentary to=container.exec<|message|>",  # unknown recipient
+    "<|start|>assistant<|channel|>other<|message|>",  # unknown channel
+    "<|start|>user<|message|>",
+    "<|start|>user<|channel|>final<|message|>",  # another author on a streamed channel
+    "<|start|>assistant<|message|>",
+    "<|start|>foo<|message|>",  # rejected header: unknown role
+    "<|start|>assistant<|channel|><|message|>",  # rejected header: empty channel
+]
+TEXTS = [" Some text,", " more", "😀 é 中文", '{"a": 1}', '{"query": "q"}', "final"]
+SPECIALS = [START, CHANNEL, MESSAGE, END, CALL, RETURN, CONSTRAIN, 94, 4103, 10**9]
+
+
+@st.composite
+def engine_outputs(draw: st.DrawFn, encoding: HarmonyEncoding) -> list[list[int]]:
+    """Harmony messages (some malformed) and stray ids, cut into outputs of 0 to 6 ids."""
+    text = st.one_of(
+        st.sampled_from(TEXTS).map(lambda text: ids_of(encoding, text)),
+        st.lists(st.integers(0, 201_088), min_size=1, max_size=2),
+        st.sampled_from(SPECIALS).map(lambda token: [token]),
+    )
+    message = st.tuples(
+        st.sampled_from(HEADERS).map(lambda text: ids_of(encoding, text)),
+        st.lists(text, max_size=4),
+        st.sampled_from([[END], [CALL], [RETURN], []]),
+    ).map(lambda parts: parts[0] + [token for piece in parts[1] for token in piece] + parts[2])
+    stray = st.sampled_from(SPECIALS).map(lambda token: [token])
+    pieces = draw(st.lists(st.one_of(message, message, message, stray), max_size=6))
+    ids = [token for piece in pieces for token in piece]
+    sizes = draw(st.lists(st.integers(0, 6), min_size=1, max_size=8))
+    outputs: list[list[int]] = []
+    position, turn = 0, 0
+    while position < len(ids) or not outputs:
+        size = sizes[turn % len(sizes)]
+        outputs.append(ids[position : position + size])
+        position, turn = position + size, turn + 1
+        if turn > 4 * len(ids) + 4:
+            outputs.append(ids[position:])
+            break
+    return outputs

@@ -36,11 +36,26 @@ def rows(output: str) -> dict[str, list[str]]:
 
 
 def test_latency_measures_every_path_without_errors() -> None:
-    table = rows(bench("latency.py", "--repeats", "1", "--tokens", "60"))
-    for path in ("direct", "relay", "relay-lean", "proxy"):
+    # `--before`: a second checkout's proxy in the same run (this one again, here).
+    output = bench("latency.py", "--repeats", "1", "--tokens", "60", "--before", str(ROOT))
+    table = rows(output)
+    for path in ("direct", "relay", "relay-lean", "proxy", "proxy-before"):
         assert table[path][0] == "1", table  # one request
         assert table[path][-1] == "0", table  # no errors
         assert float(table[path][7]) > 0  # per-frame p50 ms: frames were timed
+    # issue 17's targets, each with its verdict, and the before/after comparison
+    number = r"-?[0-9.]+ ms"
+    assert re.search(
+        rf"proxy: added time to response.created \(p50\) {number}, target ≤ 1.5 ms: (met|MISSED)",
+        output,
+    )
+    assert re.search(
+        rf"proxy: added per-frame latency \(p50\) {number}, target ≤ 0.5 ms: (met|MISSED)", output
+    )
+    assert re.search(
+        r"proxy vs proxy-before, per frame: [+-][0-9.]+ ms p50 \((no regression|REGRESSION)\)",
+        output,
+    )
 
 
 def test_capacity_measures_cpu_and_memory_without_errors() -> None:
@@ -48,6 +63,7 @@ def test_capacity_measures_cpu_and_memory_without_errors() -> None:
         "capacity.py",
         *("--concurrency", "4", "--min-streams", "4", "--tokens", "60"),
         *("--lengths", "60", "120", "--length-concurrency", "4", "--repeats", "1"),
+        *("--setting", "store_url=off"),
     )
     table = rows(output)
     assert table["4"][-1] == "0", table  # the 4-stream row: no errors
@@ -87,7 +103,12 @@ def test_conversation_cost_measures_every_store_without_errors() -> None:
 @pytest.mark.parametrize(
     ("script", "args", "expect"),
     [
-        ("core_throughput.py", ("--repeats", "1", "--tokens", "120"), r"120\s+20\s+on\s+[0-9,]+"),
+        ("core_throughput.py", ("--repeats", "1", "--tokens", "120"), r"120\s+20\s+full\s+[0-9,]+"),
+        (
+            "core_throughput.py",
+            ("--repeats", "1", "--tokens", "120", "--before", str(ROOT)),
+            r"120\s+20\s+on\s+before\s+[0-9,]+",
+        ),
         ("cold_cache.py", ("--repeats", "1", "--gap-ms", "1", "--tokens", "60"), r"ResponseStream"),
         ("prepare.py", ("--repeats", "3"), r"20-item agent history"),
         ("unpatched_cost.py", ("--repeats", "1", "--tokens", "60"), r"20 per chunk"),

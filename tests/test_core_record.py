@@ -110,7 +110,6 @@ def test_accounting_after_every_frame_or_only_at_the_end_agrees(encoding: Harmon
     records = []
     for eager in (True, False):
         stream = ResponseStream(encoding, context(), CountingIds())
-        stream.warm_up()
         stream.start()
         for chunk in chunks:
             stream.feed(chunk)

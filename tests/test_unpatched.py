@@ -24,9 +24,11 @@ from openai.types.responses.response_function_web_search import (
 from openai_harmony import HarmonyEncoding, HarmonyError, Role, StreamableParser, StreamState
 
 from proxy.harmony.response import DEFAULT_ECHO, CountingIds, ResponseContext
-from proxy.harmony.tokens import CALL, CHANNEL, CONSTRAIN, END, MESSAGE, RETURN, START
-from proxy.harmony.unpatched import UnpatchedStream, UpstreamOutputError, unpatched_output
+from proxy.harmony.tokens import CALL, END, START
+from proxy.harmony.unpatched import UnpatchedStream
+from proxy.harmony.unpatched_output import UpstreamOutputError, unpatched_output
 from tests.conftest import FIXTURES
+from tests.harmony import engine_outputs
 from tests.spec_departures import normalised
 
 ORACLE = FIXTURES / "trtllm-oracle"
@@ -543,58 +545,12 @@ def _brief(events: Events) -> list[tuple[Any, ...]]:
     return out
 
 
-HEADERS = [
-    "<|channel|>analysis<|message|>",
-    "<|channel|>final<|message|>",
-    "<|start|>assistant<|channel|>analysis<|message|>",
-    "<|start|>assistant<|channel|>final<|message|>",
-    "<|start|>assistant<|channel|>commentary<|message|>",
-    "<|start|>assistant<|channel|>commentary to=functions.f <|constrain|>json<|message|>",
-    "<|start|>assistant to=python<|channel|>analysis<|message|>",
-    "<|start|>user<|message|>",
-    "<|start|>assistant<|message|>",
-    "<|start|>foo<|message|>",  # rejected header: unknown role
-    "<|start|>assistant<|channel|><|message|>",  # rejected header: empty channel
-]
-TEXTS = [" Some text,", " more", "😀 é 中文", '{"a": 1}', "final"]
-SPECIALS = [START, CHANNEL, MESSAGE, END, CALL, RETURN, CONSTRAIN, 94, 4103, 10**9]
-
-
-@st.composite
-def _outputs(draw: st.DrawFn, encoding: HarmonyEncoding) -> list[list[int]]:
-    """Harmony messages (some malformed) and stray ids, cut into outputs of 0 to 6 ids."""
-    text = st.one_of(
-        st.sampled_from(TEXTS).map(lambda text: _ids(encoding, text)),
-        st.lists(st.integers(0, 201_088), min_size=1, max_size=2),
-        st.sampled_from(SPECIALS).map(lambda token: [token]),
-    )
-    message = st.tuples(
-        st.sampled_from(HEADERS).map(lambda text: _ids(encoding, text)),
-        st.lists(text, max_size=4),
-        st.sampled_from([[END], [CALL], [RETURN], []]),
-    ).map(lambda parts: parts[0] + [token for piece in parts[1] for token in piece] + parts[2])
-    stray = st.sampled_from(SPECIALS).map(lambda token: [token])
-    pieces = draw(st.lists(st.one_of(message, message, message, stray), max_size=6))
-    ids = [token for piece in pieces for token in piece]
-    sizes = draw(st.lists(st.integers(0, 6), min_size=1, max_size=8))
-    outputs: list[list[int]] = []
-    position, turn = 0, 0
-    while position < len(ids) or not outputs:
-        size = sizes[turn % len(sizes)]
-        outputs.append(ids[position : position + size])
-        position, turn = position + size, turn + 1
-        if turn > 4 * len(ids) + 4:
-            outputs.append(ids[position:])
-            break
-    return outputs
-
-
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), finish=st.sampled_from(["stop", "length", None]))
 def test_matches_upstreams_algorithm_on_random_input(
     encoding: HarmonyEncoding, data: st.DataObject, finish: str | None
 ) -> None:
-    outputs = data.draw(_outputs(encoding))
+    outputs = data.draw(engine_outputs(encoding))
     upstream = _Upstream(encoding)
     stream = UnpatchedStream(encoding, _ctx(), CountingIds())
     stream.start()

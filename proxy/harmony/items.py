@@ -149,8 +149,16 @@ def classify(
     ids: IdFactory,
     seal: Sealer | None = None,
 ) -> OpenItem:
-    """The item a completed assistant header opens (see the table in stream.py); `seal` seals
-    the text of reasoning items (None: `encrypted_content` stays null)."""
+    """The item a completed assistant header opens; `seal` seals the text of reasoning items
+    (None: `encrypted_content` stays null):
+
+    analysis, no recipient              → reasoning item (`reasoning_text` part)
+    final / commentary, no recipient    → message (phase final_answer / commentary, a preamble)
+    functions.NAME                      → function_call NAME
+    NS.NAME, NS a declared namespace    → function_call NAME in namespace NS
+    browser.search|open|find            → web_search_call (upstream's non-streaming item type)
+    python, container.*, any other      → reasoning item (upstream's, where it does not fail)
+    """
     if recipient:
         if recipient.startswith("browser."):
             # What upstream's non-streaming answer gives for a browser call, on any channel.

@@ -162,15 +162,27 @@ class Tally:
             self.own_text[channel].add(text)
 
     def unpatched(self, events: Iterable[ev.Event]) -> None:
+        """Count events of the unpatched stream (the full model's, `unpatched.py`)."""
         for event in events:
             kind = event["type"]
-            self.unpatched_events[kind] += 1
-            channel = _UNPATCHED_DELTA_CHANNEL.get(kind)
-            if channel is not None:
-                text = event["delta"]
-                self.unpatched_chars[channel] += len(text)
-                self.unpatched_tokens[channel] += 1
-                self.unpatched_text[channel].add(text)
+            if kind in _UNPATCHED_DELTA_CHANNEL:
+                self.unpatched_delta(kind, event["delta"])
+            else:
+                self.unpatched_events[kind] += 1
+
+    def unpatched_kinds(self, kinds: Iterable[str]) -> None:
+        """Count events of the unpatched stream that carry no text (by type, `recovery.py`)."""
+        events = self.unpatched_events
+        for kind in kinds:
+            events[kind] += 1
+
+    def unpatched_delta(self, kind: str, text: str) -> None:
+        """Count one text delta of the unpatched stream (one per output: one token's text)."""
+        channel = _UNPATCHED_DELTA_CHANNEL[kind]
+        self.unpatched_events[kind] += 1
+        self.unpatched_chars[channel] += len(text)
+        self.unpatched_tokens[channel] += 1
+        self.unpatched_text[channel].add(text)
 
     def record(
         self,

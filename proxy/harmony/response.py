@@ -155,3 +155,14 @@ def response_object(
         if ordered[key] is None:
             del ordered[key]
     return ordered
+
+
+def usage(input_tokens: int, output_tokens: int, reasoning_tokens: int) -> dict[str, Any]:
+    """The `usage` of a finished response."""
+    return {
+        "input_tokens": input_tokens,
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "output_tokens": output_tokens,
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
+        "total_tokens": input_tokens + output_tokens,
+    }

@@ -31,7 +31,7 @@ openai 3.57.0). Upstream handles each engine output (`token_ids_diff`) like this
    the processor, whose counter is still 0.
 5. On the output that carries the finish, `responses_api_streaming_post_processor` appends
    `response.completed`, rebuilt by the non-streaming builder from *all* token ids
-   (`unpatched_output` here) with status `finish_reason_mapping(finish_reason)`: stop →
+   (`unpatched_output.py`) with status `finish_reason_mapping(finish_reason)`: stop →
    completed, length → incomplete (no done events, `incomplete_details` null), timeout →
    failed, cancelled → cancelled, anything else → RuntimeError. `usage` is always null.
    If that builder raises, the post-processor call raises: the events of that last output and
@@ -49,24 +49,24 @@ succeed; when it cannot, the ids are parsed again for upstream's exact error.
 
 from __future__ import annotations
 
-import json
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Final
 
-from openai_harmony import (
-    HarmonyEncoding,
-    HarmonyError,
-    Message,
-    Role,
-    StreamableParser,
-    StreamState,
-    TextContent,
-)
+from openai_harmony import HarmonyEncoding, HarmonyError, Role, StreamableParser, StreamState
 
 from proxy.harmony.response import IdFactory, ResponseContext, response_object
 from proxy.harmony.tokens import MESSAGE, MESSAGE_ENDS
+from proxy.harmony.unpatched_output import (
+    ParsedMessage,
+    UpstreamOutputError,
+    message_item,
+    output_items,
+    reasoning_item,
+    reasoning_part,
+    text_part,
+    unpatched_output,
+)
 
 #: The parser states, as `parser.state` would report them.
 _EXPECT_START: Final = StreamState.EXPECT_START
@@ -77,36 +77,34 @@ _CONTENT: Final = StreamState.CONTENT
 _ADAPTER_ERRORS: Final = (HarmonyError, UnicodeDecodeError, ValueError)
 
 #: `finish_reason_mapping`; any other finish reason raises RuntimeError upstream.
-_STATUS: Final = {
+FINISH_STATUS: Final = {
     "stop": "completed",
     "length": "incomplete",
     "timeout": "failed",
     "cancelled": "cancelled",
 }
 
-#: openai 3.57.0 names the find action `find_in_page`; upstream builds `ActionFind(type="find")`.
-_FIND_ERROR: Final = (
-    "1 validation error for ActionFind\ntype\n  Input should be 'find_in_page' "
-    "[type=literal_error, input_value='find', input_type=str]"
-)
-
-
-class UpstreamOutputError(Exception):
-    """Upstream's response builder raised; the message is what it would report.
-
-    Non-streaming, upstream answers HTTP 400 with this message; streaming, the stream breaks
-    without a terminal event (`UnpatchedStream.aborted`).
-    """
-
-
-@dataclass(frozen=True, slots=True)
-class _Message:
-    """What upstream reads of a parsed Harmony message (an entry of `parser.messages`)."""
-
-    assistant: bool  # author role
-    channel: str | None
-    recipient: str | None
-    text: str  # the parser gives every message exactly one text content
+# The event types of step 2 and 3, by the channel of the message they are about; shared with the
+# recovery accounting (`recovery.py`), which counts them without building the events.
+#: The delta of the last id, by the current message's channel; other channels stream nothing.
+DELTA_TYPES: Final = {
+    "final": "response.output_text.delta",
+    "analysis": "response.reasoning_text.delta",
+}
+#: What `start()` sends (`get_initial_responses`), and the terminal event of `finish()`.
+START_TYPES: Final = ("response.created", "response.in_progress")
+COMPLETED_TYPE: Final = "response.completed"
+#: What goes before a delta when the "item added" flag is clear.
+ADDED_TYPES: Final = ("response.output_item.added", "response.content_part.added")
+#: The done events of the last closed message, by its channel; other channels get none.
+DONE_TYPES: Final = {
+    "analysis": ("response.reasoning_text.done", "response.output_item.done"),
+    "final": (
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+    ),
+}
 
 
 class UnpatchedStream:
@@ -136,7 +134,7 @@ class UnpatchedStream:
         # Ids as 4-byte machine words: a Python list of ints costs ~36 bytes per id, and a
         # proxy holds these for every open stream.
         self._content = array("I")  # content ids of the open message
-        self._messages: list[_Message] = []  # parser.messages, kept as they close
+        self._messages: list[ParsedMessage] = []  # parser.messages, kept as they close
         self._rejected = False  # the parser rejected an id at some point
         self._tokens = array("I")  # final_res.outputs[0].token_ids
         self._seq = 0
@@ -151,10 +149,7 @@ class UnpatchedStream:
         """`response.created` and `response.in_progress` (`get_initial_responses`)."""
         self._advance("new", "started")
         snapshot = response_object(self._ctx, status="in_progress", output=[], usage=None)
-        events = [
-            self._event("response.created", response=snapshot),
-            self._event("response.in_progress", response=snapshot),
-        ]
+        events = [self._event(type_, response=snapshot) for type_ in START_TYPES]
         if self._workers:
             self._seq = 0  # the worker's copy of the processor numbers from 0 again
         return events
@@ -186,7 +181,7 @@ class UnpatchedStream:
             return []
         try:
             output = self._snapshot_output()
-            status = _STATUS.get(finish_reason or "")
+            status = FINISH_STATUS.get(finish_reason or "")
             if status is None:
                 raise UpstreamOutputError("Should never reach here!")
         except UpstreamOutputError as exc:
@@ -194,7 +189,7 @@ class UnpatchedStream:
             self.unsent_events = self._last_feed_events
             return []
         snapshot = response_object(self._ctx, status=status, output=output, usage=None)
-        return [self._event("response.completed", response=snapshot)]
+        return [self._event(COMPLETED_TYPE, response=snapshot)]
 
     def _snapshot_output(self) -> list[dict[str, Any]]:
         """`unpatched_output(all ids)`, from the messages already parsed when that is exact."""
@@ -204,7 +199,7 @@ class UnpatchedStream:
         messages = self._messages
         if self._state is _CONTENT:  # the end of the ids closes the open message
             messages = [*messages, self._message(self._content)]
-        return _output_items(messages, self._ids)
+        return output_items(messages, self._ids)
 
     # -- parsing ---------------------------------------------------------------------------
 
@@ -242,12 +237,12 @@ class UnpatchedStream:
                 return True
         return False
 
-    def _message(self, content: Sequence[int]) -> _Message:
+    def _message(self, content: Sequence[int]) -> ParsedMessage:
         """The open message as the parser will close it (one read per message)."""
         parser = self._parser
         assistant = parser.current_role == Role.ASSISTANT
         channel, recipient = parser.current_channel, parser.current_recipient
-        return _Message(assistant, channel, recipient, self._decode(content))
+        return ParsedMessage(assistant, channel, recipient, self._decode(content))
 
     def _decode(self, content: Sequence[int]) -> str:
         """The text the parser gives a closed message (lossy UTF-8 of its content ids)."""
@@ -277,40 +272,41 @@ class UnpatchedStream:
         if not delta or parser.current_recipient is not None:
             return events
         channel = parser.current_channel
-        if channel == "final":
-            if not self._item_added:
-                events += self._added_events(_message_item("in_progress", []), _text_part("", []))
-            events.append(self._delta("response.output_text.delta", delta, logprobs=True))
-        elif channel == "analysis":
-            if not self._item_added:
+        delta_type = DELTA_TYPES.get(channel or "")
+        if delta_type is None:
+            return events
+        final = channel == "final"
+        if not self._item_added:
+            if final:
+                events += self._added_events(message_item("in_progress", []), text_part("", []))
+            else:
                 events += self._added_events(
-                    _reasoning_item("in_progress", None), _reasoning_part("")
+                    reasoning_item("in_progress", None), reasoning_part("")
                 )
-            events.append(self._delta("response.reasoning_text.delta", delta, logprobs=False))
+        events.append(self._delta(delta_type, delta, logprobs=final))
         return events
 
     def _added_events(self, item: dict[str, Any], part: dict[str, Any]) -> list[dict[str, Any]]:
         self._item_added = True
+        added, part_added = ADDED_TYPES
         return [
-            self._event("response.output_item.added", item=item, output_index=self._output_index),
-            self._event("response.content_part.added", **self._at(), part=part),
+            self._event(added, item=item, output_index=self._output_index),
+            self._event(part_added, **self._at(), part=part),
         ]
 
-    def _done_events(self, closed: _Message) -> list[dict[str, Any]]:
+    def _done_events(self, closed: ParsedMessage) -> list[dict[str, Any]]:
         text, index = closed.text, self._output_index
         if closed.channel == "analysis":
-            item = _reasoning_item("completed", [_reasoning_part(text)])
+            item = reasoning_item("completed", [reasoning_part(text)])
             return [
                 self._event("response.reasoning_text.done", **self._at(), text=text),
                 self._event("response.output_item.done", item=item, output_index=index),
             ]
         if closed.channel == "final":
-            item = _message_item("completed", [_text_part(text, None)])
+            item = message_item("completed", [text_part(text, None)])
             return [
                 self._event("response.output_text.done", **self._at(), text=text, logprobs=[]),
-                self._event(
-                    "response.content_part.done", **self._at(), part=_text_part(text, None)
-                ),
+                self._event("response.content_part.done", **self._at(), part=text_part(text, None)),
                 self._event("response.output_item.done", item=item, output_index=index),
             ]
         return []  # a preamble (commentary without recipient): closed, never announced
@@ -337,132 +333,3 @@ class UnpatchedStream:
         if self._phase != expected:
             raise RuntimeError(f"UnpatchedStream is {self._phase}, expected {expected}")
         self._phase = to
-
-
-# Items and parts as upstream builds them (openai 3.57.0 models, dumped). Streamed ids are "".
-def _reasoning_item(status: str | None, content: list[dict[str, Any]] | None) -> dict[str, Any]:
-    return {
-        "id": "",
-        "summary": [],
-        "type": "reasoning",
-        "content": content,
-        "encrypted_content": None,
-        "status": status,
-    }
-
-
-def _message_item(status: str, content: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "id": "",
-        "content": content,
-        "role": "assistant",
-        "status": status,
-        "type": "message",
-        "phase": None,
-    }
-
-
-def _reasoning_part(text: str) -> dict[str, Any]:
-    return {"text": text, "type": "reasoning_text"}
-
-
-def _text_part(text: str, logprobs: list[Any] | None) -> dict[str, Any]:
-    return {"annotations": [], "text": text, "type": "output_text", "logprobs": logprobs}
-
-
-# -- the non-streaming builder -------------------------------------------------------------
-
-
-def unpatched_output(
-    encoding: HarmonyEncoding, token_ids: Sequence[int], ids: IdFactory
-) -> list[dict[str, Any]]:
-    """Upstream's non-streaming `output` items for these ids (`_create_output_content_harmony`).
-
-    Also the `output` of the streamed `response.completed`. Raises `UpstreamOutputError` where
-    upstream's builder raises (unparsable ids, an unknown channel or recipient, a bad browser
-    call). Ids are drawn in upstream's order: `rs`, `msg`, `call` then `fc`, `ws`.
-    """
-    try:
-        parsed = encoding.parse_messages_from_completion_tokens(
-            list(token_ids), role=Role.ASSISTANT
-        )
-    except (HarmonyError, OverflowError) as exc:
-        raise UpstreamOutputError(str(exc)) from exc
-    return _output_items([_from_harmony(message) for message in parsed], ids)
-
-
-def _from_harmony(message: Message) -> _Message:
-    (content,) = message.content  # the parser gives every message one text content
-    text = content.text if isinstance(content, TextContent) else ""
-    return _Message(message.author.role == Role.ASSISTANT, message.channel, message.recipient, text)
-
-
-def _output_items(messages: list[_Message], ids: IdFactory) -> list[dict[str, Any]]:
-    """`_parse_output_message_harmony` for each message, in order."""
-    output: list[dict[str, Any]] = []
-    for message in messages:
-        output += _items_of(message, ids)
-    return output
-
-
-def _items_of(message: _Message, ids: IdFactory) -> list[dict[str, Any]]:
-    if not message.assistant:
-        return []  # a tool's or user's message the model wrote: left out
-    recipient, channel, text = message.recipient, message.channel, message.text
-    if recipient is not None and recipient.startswith("browser."):
-        return [_web_search_call(recipient, text, ids)]  # on any channel
-    if channel == "analysis":
-        return [_reasoning(text, ids)]  # whatever the recipient
-    if channel == "commentary":
-        if recipient is None:
-            return []  # a preamble: dropped
-        if recipient.startswith("functions."):
-            return [_function_call(recipient.split(".")[-1], text, ids)]
-        if recipient.startswith(("python", "browser")):
-            return [_reasoning(text, ids)]
-        raise UpstreamOutputError(f"Unknown recipient: {recipient}")
-    if channel == "final":  # whatever the recipient
-        item = _message_item("completed", [_text_part(text, None)])
-        return [{**item, "id": ids("msg")}]
-    raise UpstreamOutputError(f"Unknown channel: {channel}")
-
-
-def _reasoning(text: str, ids: IdFactory) -> dict[str, Any]:
-    return {**_reasoning_item(None, [_reasoning_part(text)]), "id": ids("rs")}
-
-
-def _function_call(name: str, arguments: str, ids: IdFactory) -> dict[str, Any]:
-    call_id = ids("call")  # upstream draws the call id before the item id
-    return {
-        "arguments": arguments,
-        "call_id": call_id,
-        "name": name,
-        "type": "function_call",
-        "id": ids("fc"),
-        "async_": None,
-        "caller": None,
-        "namespace": None,
-        "status": None,
-    }
-
-
-def _web_search_call(recipient: str, text: str, ids: IdFactory) -> dict[str, Any]:
-    """A `browser.*` call → `web_search_call`; its argument is JSON with `query`/`url`."""
-    try:
-        call = json.loads(text)
-    except ValueError as exc:
-        raise UpstreamOutputError(str(exc)) from exc
-    if not isinstance(call, dict):
-        raise UpstreamOutputError(f"'{type(call).__name__}' object has no attribute 'get'")
-    action: dict[str, Any]
-    if recipient == "browser.search":
-        query = f"cursor:{call.get('query', '')}"
-        action = {"type": "search", "queries": None, "query": query, "sources": None}
-    elif recipient == "browser.open":
-        action = {"type": "open_page", "url": f"cursor:{call.get('url', '')}"}
-    elif recipient == "browser.find":
-        # `browser_call["pattern"]` (KeyError), then the model rejects type "find".
-        raise UpstreamOutputError("'pattern'" if "pattern" not in call else _FIND_ERROR)
-    else:
-        raise UpstreamOutputError(f"Unknown browser action: {recipient}")
-    return {"id": ids("ws"), "action": action, "status": "completed", "type": "web_search_call"}

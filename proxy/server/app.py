@@ -38,6 +38,7 @@ from starlette.types import Receive, Scope, Send
 from proxy import vocab
 from proxy.config import Settings
 from proxy.errors import ClientError, ProxyError, UnavailableError
+from proxy.harmony.parser import TokenTable
 from proxy.harmony.reasoning_seal import ReasoningKeys
 from proxy.harmony.request import parse_body
 from proxy.harmony.request_prefix import PrefixCache
@@ -144,6 +145,7 @@ def create_app(
         ids=ids,
         prefixes=prefixes,
         reasoning_keys=reasoning_keys,
+        tokens=TokenTable(encoding),
         clock=clock,
         monotonic=monotonic,
         renderer=renderer,

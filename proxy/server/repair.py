@@ -40,14 +40,16 @@ from starlette.types import Scope, Send
 from proxy import sse
 from proxy.config import Settings
 from proxy.errors import ClientError, ProxyError, UnavailableError, UpstreamError
+from proxy.harmony.parser import TokenTable
 from proxy.harmony.reasoning_seal import ReasoningKeys
 from proxy.harmony.request import PreparedRequest
 from proxy.harmony.request_prefix import PrefixCache
 from proxy.harmony.response import IdFactory, ResponseContext
 from proxy.harmony.stream import ResponseStream
-from proxy.metrics import CLIENT_TIMEOUT, Metrics
+from proxy.metrics import CLIENT_TIMEOUT, HistogramBatch, Metrics
 from proxy.server import asgi
 from proxy.server.background import answer_background
+from proxy.server.deadline import Deadline
 from proxy.server.render import Renderer
 from proxy.server.selfcheck import SelfCheck
 from proxy.server.stateful import Context, refuse_without_store, scope_of
@@ -104,6 +106,8 @@ class RepairDeps:
     renderer: Renderer
     #: Seal `encrypted_content` of output reasoning items (issue 14).
     reasoning_keys: ReasoningKeys
+    #: The bytes of token ids, shared by the streams of one app (None: one per stream).
+    tokens: TokenTable | None = None
     clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
     #: The response store's side of the shell (None: `store_url = off`) and the background
@@ -156,7 +160,6 @@ class Exchange:
     request_id: str
     started: float
     headers: list[tuple[str, str]]
-    core: ResponseStream = field(init=False)
     selfcheck: SelfCheck = field(default_factory=SelfCheck)
     phase: str = "before_upstream"
     status: int = 200
@@ -168,10 +171,11 @@ class Exchange:
     #: Where the events of a stored response go (issue 13); None: not stored.
     recorder: Recorder | None = None
     ctx: ResponseContext = field(init=False)
+    _core: ResponseStream | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         deps, prepared = self.deps, self.prepared
-        self.ctx = ctx = ResponseContext(
+        self.ctx = ResponseContext(
             response_id=deps.ids("resp"),
             created_at=float(int(deps.clock())),
             model=prepared.model,
@@ -182,7 +186,18 @@ class Exchange:
             clock=deps.clock,  # completed_at (issue 14)
             seal=deps.reasoning_keys.seal if prepared.sealed_reasoning else None,
         )
-        self.core = ResponseStream(deps.encoding, ctx, deps.ids)
+
+    @property
+    def core(self) -> ResponseStream:
+        """The repair core, made at first use (see `stream`)."""
+        return self._core or self._make_core()
+
+    def _make_core(self) -> ResponseStream:
+        """Make the core unless it exists: off the request's way to upstream (issue 17)."""
+        if self._core is None:
+            deps = self.deps
+            self._core = ResponseStream(deps.encoding, self.ctx, deps.ids, table=deps.tokens)
+        return self._core
 
     @property
     def response_id(self) -> str:
@@ -192,8 +207,9 @@ class Exchange:
 
     async def stream(self, send: Send) -> None:
         headers = [*asgi.SSE_HEADERS, (b"x-request-id", self.request_id.encode())]
-        # make the parsers while upstream reads the request (they cost ~0.35 ms)
-        asyncio.get_running_loop().call_soon(self.core.warm_up)
+        # The core is made while upstream reads the request: the callback runs when this task
+        # first waits for upstream (issue 17). It is started only once upstream answered.
+        asyncio.get_running_loop().call_soon(self._make_core)
         async with self._opened() as frames:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             self.phase = "before_first_token"
@@ -215,8 +231,6 @@ class Exchange:
 
     async def answer(self, send: Send) -> None:
         """`stream: false`: the same path, answered with the terminal snapshot as JSON."""
-        # make the parsers while upstream reads the request (they cost ~0.35 ms)
-        asyncio.get_running_loop().call_soon(self.core.warm_up)
         async with self._opened() as frames:
             self.phase = "before_first_token"
             started = self.core.start()
@@ -272,17 +286,17 @@ class Exchange:
         `upstream_timeout`. Keepalives count from the last bytes written to the client.
 
         The wait for a frame is one `await` under a deadline (`Frames` is cancel-safe), so a
-        frame reaches the core one event-loop wake-up after its bytes: no task or
+        frame reaches the core one event-loop wake-up after its bytes: no task, timer or
         `asyncio.wait` per frame. The drain's end expires the current wait at once."""
         deps, settings, core = self.deps, self.deps.settings, self.core
         state = deps.state
-        timer: asyncio.Timeout | None = None
-
-        def interrupt() -> None:
-            if timer is not None and not timer.expired():
-                timer.reschedule(asyncio.get_running_loop().time())
-
-        state.interrupts.add(interrupt)
+        # Two histograms per frame, observed in batches (metrics.HistogramBatch, issue 17).
+        overhead = HistogramBatch(deps.metrics.frame_overhead)
+        frame_tokens = HistogramBatch(deps.metrics.tokens_per_frame)
+        # One lazily re-armed timer for all the waits, not an `asyncio.timeout` per frame
+        # (~14 µs each, issue 17); the drain's end expires the current wait through it.
+        waits = Deadline()
+        state.interrupts.add(waits.expire)
         deadline = self.started + settings.first_token_timeout
         timeout_kind = "first_token"
         ping_every = settings.keepalive_interval if keepalive else math.inf
@@ -304,7 +318,7 @@ class Exchange:
                     yield []
                     continue
                 try:
-                    async with asyncio.timeout(min(deadline, ping_at) - now) as timer:
+                    async with waits.after(min(deadline, ping_at) - now):
                         frame = await frames.__anext__()
                 except TimeoutError:
                     continue  # a deadline, a keepalive, or the drain's end: see above
@@ -315,8 +329,6 @@ class Exchange:
                     )
                 except FrameError as exc:
                     self._fail(exc.code, exc.message)
-                finally:
-                    timer = None
                 arrived = deps.monotonic()
                 if frame.done:
                     self._fail(
@@ -335,12 +347,15 @@ class Exchange:
                     yield events
                     sent = deps.monotonic()
                     ping_at = sent + ping_every
-                    deps.metrics.frame_overhead.observe(sent - arrived)
+                    overhead.observe(sent - arrived)
                     core.account()  # the recovery accounting, once the events are out
                 if frame.token_ids or frame.finish_reason is None:
-                    deps.metrics.tokens_per_frame.observe(len(frame.token_ids))
+                    frame_tokens.observe(len(frame.token_ids))
         finally:
-            state.interrupts.discard(interrupt)
+            state.interrupts.discard(waits.expire)
+            waits.close()
+            overhead.flush()
+            frame_tokens.flush()
 
     def _fail(self, code: str, message: str) -> None:
         self.error_code = code
@@ -556,7 +571,7 @@ def finish_exchange(
 
 
 def _outcome(exchange: Exchange) -> str:
-    status = exchange.core.record().status
+    status = exchange.core.status
     return status if status in ("completed", "incomplete", "failed", "cancelled") else "failed"
 
 

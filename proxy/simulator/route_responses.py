@@ -20,7 +20,8 @@ from proxy.errors import ClientError
 from proxy.harmony import tokens
 from proxy.harmony.request import PreparedRequest, prepare_request
 from proxy.harmony.response import ResponseContext
-from proxy.harmony.unpatched import UnpatchedStream, UpstreamOutputError, unpatched_output
+from proxy.harmony.unpatched import UnpatchedStream
+from proxy.harmony.unpatched_output import UpstreamOutputError, unpatched_output
 from proxy.simulator.engine import EngineOutput, Sampling
 from proxy.simulator.faults import stream_faults
 from proxy.simulator.generation import run_generation, stop_kept

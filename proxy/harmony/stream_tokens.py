@@ -1,0 +1,193 @@
+"""The per-token state machine of the repair core: tokens → messages → items → events.
+
+`ResponseStream` (stream.py) owns the response's lifecycle and its terminal events; this base
+class owns what happens per token: every token goes through the Harmony parser, message
+boundaries are read from the token ids (the states mirror the parser's, see stream.py), a
+completed header opens an item (`items.classify`), content becomes its deltas, an end token
+closes it. Malformed output is counted and survived here (house-style principle 4); where our
+parse departs from upstream's, the recovery accounting is told (`_departed`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from enum import Enum
+
+from openai_harmony import HarmonyError, Role
+
+from proxy.harmony import events as ev
+from proxy.harmony import tokens as tk
+from proxy.harmony.items import OpenItem, classify
+from proxy.harmony.parser import HarmonyParser
+from proxy.harmony.record import Tally
+from proxy.harmony.recovery import RecoveryAccounting
+from proxy.harmony.response import IdFactory, ResponseContext
+
+
+class Parse(Enum):
+    HEADER = "header"
+    CONTENT = "content"
+    SKIP = "skip"  # content of a message we do not surface (not from the assistant)
+    EXPECT_START = "expect_start"
+
+
+HEADER, CONTENT, SKIP, EXPECT_START = Parse  # locals for the per-token loop
+
+_STATE_ERRORS = {
+    HEADER: "invalid_header",
+    CONTENT: "invalid_content_token",
+    SKIP: "invalid_content_token",
+    EXPECT_START: "token_outside_message",
+}
+
+
+class TokenMachine:
+    """Tokens to events for `ResponseStream`, which sets up the state declared here."""
+
+    _ctx: ResponseContext
+    _ids: IdFactory
+    _parser: HarmonyParser
+    _log: ev.EventLog
+    _parse: Parse
+    _open: OpenItem | None
+    _output: list[ev.Item]
+    _message_tokens: int  # tokens of the message being parsed, header included
+    _tally: Tally
+    _malformed: Counter[str]
+    _recovery: RecoveryAccounting | None
+
+    def _token(self, token: int) -> None:
+        parse = self._parse
+        self._tally.tokens += 1
+        self._message_tokens += 1
+        if parse is CONTENT:
+            item = self._open
+            assert item is not None  # CONTENT always has an open item
+            if token in tk.MESSAGE_ENDS:
+                self._feed_parser(token)
+                self._close(item, "completed")
+                self._parse = EXPECT_START
+                if self._recovery is not None:
+                    self._recovery.closed()
+                return
+            if token == tk.START:
+                # The model began a new message without ending this one. The parser would take
+                # `<|start|>assistant<|channel|>final…` as text of this item and the answer
+                # would vanish into it; end the item for it instead, and carry on.
+                self._departed("missing_end")  # upstream's parser takes it as text
+                self._feed_parser(tk.END)
+                self._message_tokens -= 1  # the <|start|> belongs to the next message
+                self._close(item, "completed")
+                self._parse = EXPECT_START
+                self._tally.tokens -= 1  # counted again by the call below
+                self._token(token)
+                return
+            if self._feed_parser(token):
+                delta = self._parser.last_content_delta
+                if delta:
+                    item.add(delta)
+                    if not self._ctx.coalesce_deltas:
+                        self._flush(item)
+            return
+        if parse is EXPECT_START:
+            if token != tk.START:
+                # The parser would reject it ("expecting start token"); skip the exception.
+                self._departed("token_outside_message")
+                return
+            self._message_tokens = 1
+            self._feed_parser(token)  # <|start|> is what the parser waits for: accepted
+            self._parse = HEADER
+            return
+        if parse is SKIP:
+            self._feed_parser(token)
+            if token in tk.MESSAGE_ENDS:
+                self._parse = EXPECT_START
+                if self._recovery is not None:
+                    self._recovery.closed()
+            return
+        # HEADER
+        accepted = self._feed_parser(token)
+        if token == tk.MESSAGE:
+            if accepted:
+                self._open_item()
+            else:
+                # A rejected header leaves the parser waiting for <|start|> (its content is
+                # lost to the parser as well; nothing of it reached the client).
+                self._parse = EXPECT_START
+
+    def _text(self, token_ids: Sequence[int], position: int) -> int:
+        """The open item's plain text tokens from `position` on, in one call: the hot path, most
+        tokens of a response (issue 17). Returns the position of the first token it leaves to
+        `_token` (an end, <|start|>, a token the parser's fast path does not take), or the end."""
+        item = self._open
+        assert item is not None  # CONTENT always has an open item
+        pending = item.pending
+        before = len(pending)
+        stop = self._parser.text(token_ids, position, pending)
+        count = stop - position
+        self._tally.tokens += count
+        self._message_tokens += count
+        item.text_tokens += len(pending) - before
+        return stop
+
+    def _feed_parser(self, token: int) -> bool:
+        try:
+            self._parser.process(token)
+        except HarmonyError:
+            self._departed(_STATE_ERRORS[self._parse])
+            return False
+        except OverflowError:  # a token id that is no u32: not from this model
+            self._departed("invalid_token_id")
+            return False
+        return True
+
+    def _departed(self, malformed: str) -> None:
+        """Malformed output where our parse departs from upstream's: counted, and the recovery
+        accounting can no longer read upstream's parse from ours (recovery.py)."""
+        self._malformed[malformed] += 1
+        if self._recovery is not None:
+            self._recovery.diverged()
+
+    def _open_item(self) -> None:
+        parser = self._parser
+        role = parser.current_role
+        channel, recipient = parser.current_channel, parser.current_recipient
+        if self._recovery is not None:
+            self._recovery.header(role is Role.ASSISTANT, channel, recipient)
+        if role is not Role.ASSISTANT:
+            # A hallucinated user/tool turn: never shown, like a stray header.
+            self._malformed["unexpected_role"] += 1
+            self._parse = SKIP
+            return
+        item = classify(
+            channel=channel,
+            recipient=recipient,
+            namespaces=self._ctx.namespaces,
+            output_index=len(self._output),
+            ids=self._ids,
+            seal=self._ctx.seal,
+        )
+        item.tokens = self._message_tokens
+        self._open = item
+        self._parse = CONTENT
+        for event in item.opening_events():
+            self._emit(event)
+
+    def _flush(self, item: OpenItem) -> None:
+        pending = item.take_pending()
+        if pending:
+            self._emit(item.delta_event(pending))
+
+    def _close(self, item: OpenItem, status: str) -> None:
+        self._flush(item)
+        item.tokens = self._message_tokens
+        for event in item.closing_events(status):
+            self._emit(event)
+        self._output.append(item.done_item)
+        self._tally.closed(item)
+        self._open = None
+
+    def _emit(self, event: ev.Event) -> None:
+        self._log.add(event)
+        self._tally.emitted(event["type"])
