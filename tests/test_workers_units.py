@@ -251,3 +251,87 @@ def test_every_gauge_says_how_workers_combine() -> None:
     assert len(gauges) >= 9
     modes = {gauge._name: gauge._multiprocess_mode for gauge in gauges}
     assert all(mode.startswith("live") for mode in modes.values()), modes
+
+
+# -- batched histograms across processes ---------------------------------------------------------
+
+#: A process with prometheus_client in multiprocess mode (the variable set before its import, as
+#: a worker has it): its share of the values, observed through `HistogramBatch` as the repaired
+#: route does, then left in its files when it exits.
+_OBSERVER = """
+import sys
+from prometheus_client import CollectorRegistry
+from proxy.metrics import HistogramBatch, Metrics
+from proxy.server import multiproc
+multiproc.check_active()
+metrics = Metrics(CollectorRegistry())
+batch = HistogramBatch(metrics.tokens_per_frame)
+for value in map(float, sys.argv[1:]):
+    batch.observe(value)
+batch.flush()
+"""
+
+#: What a scrape of the shared directory reads, as JSON: the frame-token histogram's samples.
+_SCRAPER = """
+import sys
+import orjson
+from pathlib import Path
+from proxy.metrics import Metrics
+from proxy.server import multiproc
+registry = multiproc.shared_registry(Path(sys.argv[1]))
+Metrics(registry)
+samples = {
+    f"{s.name}{sorted(s.labels.items())}": s.value
+    for metric in registry.collect()
+    if metric.name == "proxy_upstream_frame_tokens"
+    for s in metric.samples
+}
+sys.stdout.write(orjson.dumps(samples).decode())
+"""
+
+
+def _frame_histogram(values: list[float]) -> dict[str, float]:
+    """The samples `observe` gives in one process (what the sum over workers must equal)."""
+    from prometheus_client import CollectorRegistry
+
+    from proxy.metrics import Metrics
+
+    metrics = Metrics(registry := CollectorRegistry())
+    for value in values:
+        metrics.tokens_per_frame.observe(value)
+    return {
+        f"{s.name}{sorted(s.labels.items())}": s.value
+        for metric in registry.collect()
+        if metric.name == "proxy_upstream_frame_tokens"
+        for s in metric.samples
+        if not s.name.endswith("_created")  # not exported in multiprocess mode
+    }
+
+
+def test_batched_histograms_reach_the_files_and_sum_over_workers(tmp_path: Path) -> None:
+    """Issue 17: the frame histograms are added in batches (metrics.HistogramBatch) straight
+    to the histogram's values, which in a worker are memory-mapped files; a scrape sums every
+    process's files into what one process observing everything would export."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, multiproc.ENV: str(tmp_path)}
+    shares = [[20.0] * 70 + [1.0, 3.0], [0.0, 7.0, 20.0, 300.0] * 3]  # 70: past one batch
+    for share in shares:
+        subprocess.run(
+            [sys.executable, "-c", _OBSERVER, *map(str, share)], env=env, check=True, timeout=60
+        )
+    assert len(list(tmp_path.glob("histogram_*.db"))) == len(shares)  # one file per process
+    scraped = subprocess.run(
+        [sys.executable, "-c", _SCRAPER, str(tmp_path)],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    got = orjson.loads(scraped.stdout)
+    want = _frame_histogram([value for share in shares for value in share])
+    assert got == want
+    assert got["proxy_upstream_frame_tokens_count[]"] == 72 + 12
+    assert got["proxy_upstream_frame_tokens_sum[]"] == 20 * 70 + 4 + 3 * 327
