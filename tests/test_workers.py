@@ -29,6 +29,7 @@ from tests.reliability import (
     expected_texts,
     log_problems,
     raise_fd_limit,
+    start_proxy_process,
     scaled,
     sse_events,
     texts,
@@ -234,7 +235,10 @@ def test_a_killed_worker_is_replaced_and_counted(workers: Workers) -> None:
 
 
 def test_the_builtin_simulator_runs_once(tmp_path: Path) -> None:
+    """…and the metrics directory the supervisor made is there while it runs, gone after."""
     log = tmp_path / "proxy.log"
+    temp = tmp_path / "tmp"
+    temp.mkdir()
     port = free_port()
     with log.open("wb") as sink:
         process = subprocess.Popen(
@@ -243,7 +247,8 @@ def test_the_builtin_simulator_runs_once(tmp_path: Path) -> None:
                 *("127.0.0.1", "--port", str(port), "--data-dir", str(tmp_path / "data")),
                 *("--simulator-token-seconds", "0.001"),
             ],
-            env={k: v for k, v in os.environ.items() if not k.startswith("PROXY_")},
+            env={k: v for k, v in os.environ.items() if not k.startswith("PROXY_")}
+            | {"TMPDIR": str(temp)},
             stdout=sink,
             stderr=sink,
         )
@@ -265,10 +270,48 @@ def test_the_builtin_simulator_runs_once(tmp_path: Path) -> None:
         assert upstreams == {started[0]["simulator"]}
         assert len([r for r in records if r["msg"] == "serving"]) == 2
         assert len([r for r in records if r["msg"] == "reasoning key generated"]) == 1
+        [metrics_dir] = temp.glob("proxy-metrics-*")
+        assert {p.name.split("_")[0] for p in metrics_dir.glob("*.db")} >= {"counter", "gauge"}
     finally:
         workers.process.stop()
     assert process.returncode == 0
+    assert list(temp.iterdir()) == []  # multiproc.remove at the end
     assert log_problems(log.read_text()) == []
+
+
+@pytest.mark.parametrize("flags", [("--workers", "1"), ("--workers", "auto")], ids=["1", "auto"])
+def test_one_worker_is_the_single_process(
+    sim: SimThread, tmp_path: Path, flags: tuple[str, ...]
+) -> None:
+    """`workers = 1` (also `auto` on one CPU: the affinity mask says so) is today's single
+    process: no supervisor, no multiprocess files, no `pid` series."""
+    assert sim.server is not None
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    process = start_proxy_process(
+        sim.server.url,
+        tmp_path / "proxy.log",
+        *flags,
+        *("--data-dir", str(tmp_path / "data")),
+        env={"TMPDIR": str(temp)},
+        cpus="0",
+    )
+    try:
+        results = asyncio.run(_streams(process.url, 4))
+        for _, raw in results:
+            assert assert_well_formed(sse_events(raw))["status"] == "completed"
+        records = Workers(process, 1).records()
+        serving = [r for r in records if r["msg"] == "serving"]
+        assert [r["pid"] for r in serving] == [process.pid]  # the serve process itself
+        assert "worker" not in serving[0]
+        assert not [r for r in records if r["msg"] == "starting workers"]
+        scraped = httpx.get(process.url + "/metrics").text
+        assert "proxy_worker_processes 1.0" in scraped
+        assert 'pid="' not in scraped
+        assert list(temp.iterdir()) == []
+    finally:
+        process.stop()
+    assert process.popen.returncode == 0
 
 
 def test_a_worker_that_cannot_start_stops_the_proxy(sim: SimThread, tmp_path: Path) -> None:
