@@ -29,9 +29,9 @@ from tests.reliability import (
     expected_texts,
     log_problems,
     raise_fd_limit,
-    start_proxy_process,
     scaled,
     sse_events,
+    start_proxy_process,
     texts,
     wait_until,
 )
