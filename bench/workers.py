@@ -22,9 +22,11 @@ generator sharing its cores.
 Columns: aggregate tok/s (every stream's tokens / wall time); proxy CPU % (the whole process
 tree, from /proc, 100 % = one core) and µs of it per token; generator CPU % (this process);
 machine busy % (both cores, from /proc/stat, 100 % = both, other engineers' runs included);
-errors (a stream that did not end `response.completed` with the expected text and token count);
-metrics (the `/metrics` delta of completed requests and of tokens equals what the clients got:
-the sum over the workers is right).
+proxy PSS (MB; proportional set size of the process tree: shared pages split, so it adds up)
+after the warm-up and the most sampled every 0.5 s under load, and idle per worker (the
+supervisor's left out); errors (a stream that did not end `response.completed` with the
+expected text and token count); metrics (the `/metrics` delta of completed requests and of
+tokens equals what the clients got: the sum over the workers is right).
 """
 
 from __future__ import annotations
@@ -46,8 +48,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import harness
 from bench.replay_upstream import ReplayUpstream
 from proxy.simulator import SimulatorConfig, create_simulator_app, start_simulator
-
-_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -75,31 +75,11 @@ class Run:
     generator_cpu: float = 0.0
     machine_busy: float = 0.0
     metrics_ok: bool = False
-
-
-def tree_cpu_seconds(root: int) -> float:
-    """User + system CPU of `root` and every live descendant (the workers and their render
-    workers), from /proc."""
-    parents: dict[int, int] = {}
-    times: dict[int, float] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        pid = int(entry.name)
-        parents[pid] = int(fields[1])
-        times[pid] = (int(fields[11]) + int(fields[12])) / _TICKS
-    total = 0.0
-    for pid, seconds in times.items():
-        walk = pid
-        while walk not in (0, 1) and walk != root:
-            walk = parents.get(walk, 0)
-        if walk == root:
-            total += seconds
-    return total
+    #: PSS (MB) of the proxy's process tree after the warm-up, and the most seen under load.
+    idle_mb: float = 0.0
+    peak_mb: float = 0.0
+    #: Idle PSS (MB) of the process `serve` started (with workers: the supervisor).
+    root_mb: float = 0.0
 
 
 def machine_ticks() -> tuple[int, int]:
@@ -124,6 +104,24 @@ async def scrape(port: int) -> dict[str, float]:
             elif sample.name == "proxy_tokens_total":
                 found["tokens"] += sample.value
     return found
+
+
+async def metrics_add_up(port: int, before: dict[str, float], run: Run) -> bool:
+    """The `/metrics` deltas of completed requests and tokens equal what the clients got.
+
+    A stream's request is counted just after its terminal event is written (repair.py
+    `_finish`), so the last clients can see their terminal event a moment before their worker
+    counts it: scrape again for up to 5 s (the deltas only grow) before calling it wrong."""
+    deadline = time.monotonic() + 5
+    while True:
+        after = await scrape(port)
+        got = (after["completed"] - before["completed"], after["tokens"] - before["tokens"])
+        if got == (run.completed, run.tokens):
+            return True
+        if time.monotonic() > deadline:
+            print(f"metrics: {got} counted, clients got {(run.completed, run.tokens)}")
+            return False
+        await asyncio.sleep(0.05)
 
 
 async def ready_everywhere(port: int, count: int) -> None:
@@ -177,20 +175,27 @@ async def one_run(upstream: str, layout: Layout, args: argparse.Namespace) -> Ru
             run.completed += 1
             run.tokens += got[0]
 
-        cpu0, gen0 = tree_cpu_seconds(proxy.pid), harness.self_cpu_seconds()
+        idle = proxy.tree_pss_kb()
+        run.idle_mb = run.peak_mb = sum(idle.values()) / 1024
+        run.root_mb = idle.get(proxy.pid, 0) / 1024
+
+        async def sample_memory() -> None:
+            while True:
+                await asyncio.sleep(0.5)
+                run.peak_mb = max(run.peak_mb, sum(proxy.tree_pss_kb().values()) / 1024)
+
+        sampler = asyncio.ensure_future(sample_memory())
+        cpu0, gen0 = proxy.cpu_seconds(), harness.self_cpu_seconds()
         busy0, total0 = machine_ticks()
         wall0 = time.monotonic()
         await asyncio.gather(*(client() for _ in range(args.streams)))
         run.wall = time.monotonic() - wall0
-        run.proxy_cpu = tree_cpu_seconds(proxy.pid) - cpu0
+        sampler.cancel()
+        run.proxy_cpu = proxy.cpu_seconds() - cpu0
         run.generator_cpu = harness.self_cpu_seconds() - gen0
         busy1, total1 = machine_ticks()
         run.machine_busy = (busy1 - busy0) / max(1, total1 - total0)
-        after = await scrape(proxy.port)
-        run.metrics_ok = (
-            after["completed"] - before["completed"] == run.completed
-            and after["tokens"] - before["tokens"] == run.tokens
-        )
+        run.metrics_ok = await metrics_add_up(proxy.port, before, run)
     finally:
         proxy.stop()
     return run
@@ -210,6 +215,13 @@ def _outcome(answer: harness.Answer) -> tuple[int, bytes] | None:
     return int(response["usage"]["output_tokens"]), text
 
 
+def per_worker_mb(layout: Layout, run: Run) -> float:
+    """Idle PSS per worker process with its render worker (the supervisor left out)."""
+    if layout.workers == 1:
+        return run.idle_mb
+    return (run.idle_mb - run.root_mb) / layout.workers
+
+
 def _row(layout: Layout, runs: list[Run], baseline: float) -> list[str]:
     med = harness.median
     rate = [r.tokens / r.wall for r in runs]
@@ -223,6 +235,8 @@ def _row(layout: Layout, runs: list[Run], baseline: float) -> list[str]:
         f"{med(per_token):.1f} / {max(per_token):.1f}",
         f"{med([r.generator_cpu / r.wall * 100 for r in runs]):.0f}",
         f"{med([r.machine_busy * 100 for r in runs]):.0f}",
+        f"{med([r.idle_mb for r in runs]):.0f} / {med([r.peak_mb for r in runs]):.0f}",
+        f"{med([per_worker_mb(layout, r) for r in runs]):.0f}",
         str(sum(r.errors for r in runs)),
         "ok" if all(r.metrics_ok for r in runs) else "WRONG",
     ]
@@ -268,6 +282,8 @@ async def run_all(args: argparse.Namespace) -> None:
                         "proxy µs / token",
                         "generator CPU %",
                         "machine busy %",
+                        "proxy PSS MB idle / peak",
+                        "idle MB per worker",
                         "errors",
                         "metrics",
                     ],

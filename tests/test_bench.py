@@ -189,3 +189,6 @@ def test_workers_measures_one_and_two_workers_without_errors() -> None:
         assert cells[0] == "8", output  # streams
         assert float(cells[1].split(" / ")[0].replace(",", "")) > 0  # aggregate tok/s
         assert cells[-2:] == ["0", "ok"], output  # no errors; /metrics summed right
+        idle, peak = (float(v) for v in cells[-4].split(" / "))  # proxy PSS MB
+        assert 0 < idle <= peak, output
+        assert 0 < float(cells[-3]) <= idle, output  # per worker
