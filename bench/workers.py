@@ -20,13 +20,16 @@ fraction of its CPU, so that what limits two workers on a 2-core machine is the 
 generator sharing its cores.
 
 Columns: aggregate tok/s (every stream's tokens / wall time); proxy CPU % (the whole process
-tree, from /proc, 100 % = one core) and µs of it per token; generator CPU % (this process);
-machine busy % (both cores, from /proc/stat, 100 % = both, other engineers' runs included);
+tree, from /proc, 100 % = one core) and µs of it per token; generator CPU % (this process:
+load generator and upstream) and µs of it per token; machine busy % (both cores, from
+/proc/stat, 100 % = both, other engineers' runs included);
 proxy PSS (MB; proportional set size of the process tree: shared pages split, so it adds up)
 after the warm-up and the most sampled every 0.5 s under load, and idle per worker (the
 supervisor's left out); errors (a stream that did not end `response.completed` with the
 expected text and token count); metrics (the `/metrics` delta of completed requests and of
-tokens equals what the clients got: the sum over the workers is right).
+tokens equals what the clients got: the sum over the workers is right). Under each table: the rates the measured per-token costs
+allow at 2 workers, on 2 cores of the proxy's own and on these 2 cores shared with the
+generator (what limits the ratio on a 2-core machine).
 """
 
 from __future__ import annotations
@@ -222,10 +225,39 @@ def per_worker_mb(layout: Layout, run: Run) -> float:
     return (run.idle_mb - run.root_mb) / layout.workers
 
 
+def proxy_per_token(run: Run) -> float:
+    return run.proxy_cpu / max(run.tokens, 1) * 1e6
+
+
+def generator_per_token(run: Run) -> float:
+    """CPU µs of this process (load generator and upstream) per token it received."""
+    return run.generator_cpu / max(run.tokens, 1) * 1e6
+
+
+def ceilings(runs: dict[Layout, list[Run]], baseline: float) -> str:
+    """What the measured costs allow: (1) the proxy's two workers on two cores of their own
+    (the generator elsewhere): 2 cores / proxy µs per token; (2) everything on these 2 cores:
+    2 cores / (proxy + generator µs per token). As a ratio to the 1-worker, 1-core row."""
+    med = harness.median
+    two = [layout for layout in runs if layout.workers == 2 and len(layout.proxy_cores) == 2]
+    if not two or not baseline:
+        return ""
+    measured = runs[two[0]]
+    proxy = med([proxy_per_token(r) for r in measured])
+    generator = med([generator_per_token(r) for r in measured])
+    alone, shared = 2e6 / proxy, 2e6 / (proxy + generator)
+    return (
+        f"at 2 workers' costs ({proxy:.1f} µs proxy + {generator:.1f} µs generator per token): "
+        f"2 cores of the proxy's own carry {alone:,.0f} tok/s ({alone / baseline:.2f}× the "
+        f"1-worker, 1-core row); these 2 cores, shared with the generator, "
+        f"{shared:,.0f} tok/s ({shared / baseline:.2f}×)"
+    )
+
+
 def _row(layout: Layout, runs: list[Run], baseline: float) -> list[str]:
     med = harness.median
     rate = [r.tokens / r.wall for r in runs]
-    per_token = [r.proxy_cpu / max(r.tokens, 1) * 1e6 for r in runs]
+    per_token = [proxy_per_token(r) for r in runs]
     return [
         layout.name,
         str(runs[0].completed + runs[0].errors),
@@ -234,6 +266,7 @@ def _row(layout: Layout, runs: list[Run], baseline: float) -> list[str]:
         f"{med([r.proxy_cpu / r.wall * 100 for r in runs]):.0f}",
         f"{med(per_token):.1f} / {max(per_token):.1f}",
         f"{med([r.generator_cpu / r.wall * 100 for r in runs]):.0f}",
+        f"{med([generator_per_token(r) for r in runs]):.1f}",
         f"{med([r.machine_busy * 100 for r in runs]):.0f}",
         f"{med([r.idle_mb for r in runs]):.0f} / {med([r.peak_mb for r in runs]):.0f}",
         f"{med([per_worker_mb(layout, r) for r in runs]):.0f}",
@@ -281,6 +314,7 @@ async def run_all(args: argparse.Namespace) -> None:
                         "proxy CPU %",
                         "proxy µs / token",
                         "generator CPU %",
+                        "generator µs / token",
                         "machine busy %",
                         "proxy PSS MB idle / peak",
                         "idle MB per worker",
@@ -290,6 +324,7 @@ async def run_all(args: argparse.Namespace) -> None:
                     [_row(layout, runs[layout], baseline) for layout in layouts],
                 )
             )
+            print(ceilings(runs, baseline))
     finally:
         _pin(tuple(harness.cores()))
         await replay.close()
