@@ -27,9 +27,9 @@ proxy PSS (MB; proportional set size of the process tree: shared pages split, so
 after the warm-up and the most sampled every 0.5 s under load, and idle per worker (the
 supervisor's left out); errors (a stream that did not end `response.completed` with the
 expected text and token count); metrics (the `/metrics` delta of completed requests and of
-tokens equals what the clients got: the sum over the workers is right). Under each table: the rates the measured per-token costs
-allow at 2 workers, on 2 cores of the proxy's own and on these 2 cores shared with the
-generator (what limits the ratio on a 2-core machine).
+tokens equals what the clients got: the sum over the workers is right). Under each table: the
+rates the measured per-token costs allow at 2 workers, on 2 cores of the proxy's own and on
+these 2 cores shared with the generator (what limits the ratio on a 2-core machine).
 """
 
 from __future__ import annotations
