@@ -39,7 +39,8 @@ import asyncio
 import os
 import sys
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
@@ -78,6 +79,7 @@ class Run:
     generator_cpu: float = 0.0
     machine_busy: float = 0.0
     metrics_ok: bool = False
+    error_kinds: Counter[str] = field(default_factory=Counter)
     #: PSS (MB) of the proxy's process tree after the warm-up, and the most seen under load.
     idle_mb: float = 0.0
     peak_mb: float = 0.0
@@ -110,7 +112,8 @@ async def scrape(port: int) -> dict[str, float]:
 
 
 async def metrics_add_up(port: int, before: dict[str, float], run: Run) -> bool:
-    """The `/metrics` deltas of completed requests and tokens equal what the clients got.
+    """The `/metrics` deltas of completed requests and tokens equal what the clients got (the
+    tokens of streams that did not complete are counted too: then at least what they got).
 
     A stream's request is counted just after its terminal event is written (repair.py
     `_finish`), so the last clients can see their terminal event a moment before their worker
@@ -119,7 +122,9 @@ async def metrics_add_up(port: int, before: dict[str, float], run: Run) -> bool:
     while True:
         after = await scrape(port)
         got = (after["completed"] - before["completed"], after["tokens"] - before["tokens"])
-        if got == (run.completed, run.tokens):
+        if got == (run.completed, run.tokens) or (
+            run.errors and got[0] == run.completed and got[1] >= run.tokens
+        ):
             return True
         if time.monotonic() > deadline:
             print(f"metrics: {got} counted, clients got {(run.completed, run.tokens)}")
@@ -174,6 +179,7 @@ async def one_run(upstream: str, layout: Layout, args: argparse.Namespace) -> Ru
             got = _outcome(answer)
             if got is None or got != expected:
                 run.errors += 1
+                run.error_kinds[_error_kind(answer, got)] += 1
                 return
             run.completed += 1
             run.tokens += got[0]
@@ -202,6 +208,21 @@ async def one_run(upstream: str, layout: Layout, args: argparse.Namespace) -> Ru
     finally:
         proxy.stop()
     return run
+
+
+def _error_kind(answer: harness.Answer, got: tuple[int, bytes] | None) -> str:
+    """What went wrong with one stream, for the line under the table."""
+    if got is not None:
+        return "wrong answer"
+    if answer.error:
+        return answer.error
+    if answer.status != 200:
+        return f"HTTP {answer.status}"
+    terminal = answer.terminal()
+    if terminal is None:
+        return "no terminal event"
+    error = (terminal["response"].get("error") or {}).get("code")
+    return f"{terminal['type']} {error or ''}".strip()
 
 
 def _outcome(answer: harness.Answer) -> tuple[int, bytes] | None:
@@ -325,6 +346,10 @@ async def run_all(args: argparse.Namespace) -> None:
                 )
             )
             print(ceilings(runs, baseline))
+            for layout in layouts:
+                kinds = sum((r.error_kinds for r in runs[layout]), Counter[str]())
+                if kinds:
+                    print(f"errors of {layout.name}: {dict(kinds)}")
     finally:
         _pin(tuple(harness.cores()))
         await replay.close()
