@@ -3,8 +3,10 @@ with the proxy on one core and on both, the load generator measured.
 
     .venv/bin/python bench/workers.py [--streams 1000] [--concurrency 1000] [--tokens 1000]
                                       [--repeats 3] [--upstreams simulator replay]
-                                      [--before DIR]
+                                      [--before DIR] [--setting NAME=VALUE ...]
 
+`--setting store_url=off` (any proxy setting, repeatable) runs every proxy with it: the
+embedded response store is one SQLite file that all the workers write.
 `--before DIR` adds a row for the proxy of another checkout (e.g. `git archive main | tar -x -C
 DIR`): one process on core 0, as before this issue.
 
@@ -157,10 +159,13 @@ async def one_run(upstream: str, layout: Layout, args: argparse.Namespace) -> Ru
     generator_cores = tuple(c for c in all_cores if c not in layout.proxy_cores) if alone else ()
     _pin(generator_cores or all_cores)
     core = layout.proxy_cores[0] if alone else None
+    settings = dict(args.setting)
     if layout.root is not None:
-        proxy = await harness.start_proxy(upstream, core=core, root=layout.root)
+        proxy = await harness.start_proxy(upstream, core=core, root=layout.root, **settings)
     else:
-        proxy = await harness.start_proxy(upstream, core=core, workers=str(layout.workers))
+        proxy = await harness.start_proxy(
+            upstream, core=core, workers=str(layout.workers), **settings
+        )
     body = orjson.dumps({"model": harness.MODEL, "input": "Where is my order?", "stream": True})
     payload = harness.request_bytes("/v1/responses", body, {"x-sim-tokens": str(args.tokens)})
     run = Run()
@@ -315,6 +320,8 @@ async def run_all(args: argparse.Namespace) -> None:
         "2 ms/token, stream_interval 20 (20 tokens per frame); "
         f"{args.repeats} rounds, layouts interleaved; median / worst"
     )
+    if args.setting:
+        print("# proxy settings: " + ", ".join(f"{k}={v}" for k, v in args.setting))
     try:
         for name in args.upstreams:
             runs: dict[Layout, list[Run]] = {layout: [] for layout in layouts}
@@ -368,6 +375,9 @@ def main() -> None:
         "--upstreams", nargs="*", choices=["simulator", "replay"], default=["simulator", "replay"]
     )
     parser.add_argument("--before", type=Path, help="a checkout whose proxy is the 'before' row")
+    parser.add_argument(
+        "--setting", type=harness.settings_arg, action="append", default=[], metavar="NAME=VALUE"
+    )
     args = parser.parse_args()
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(run_all(args))
