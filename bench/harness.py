@@ -101,6 +101,20 @@ class Process:
     def rss_kb(self) -> int:
         return _status_kb(self.pid, "VmRSS")
 
+    def tree_pss_kb(self) -> dict[int, int]:
+        """Proportional set size (pages shared between processes split among them, so the
+        values add up to what the tree holds) of the process and each descendant now alive."""
+        found = {}
+        for pid in _process_tree(self.pid):
+            try:
+                rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+            except OSError:  # it ended since the tree was read
+                continue
+            for line in rollup.splitlines():
+                if line.startswith("Pss:"):
+                    found[pid] = int(line.split()[1])
+        return found
+
     def stop(self) -> None:
         self.popen.terminate()
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -39,21 +40,49 @@ def _cmd_vocab(args: argparse.Namespace) -> int:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from proxy import logs
-    from proxy.server import runner as server
+    from proxy.server.cpus import resolve_workers
 
     try:
         settings = config.load_settings(os.environ, args)
+        workers = resolve_workers(settings.workers)
+        if workers > 1:
+            from proxy.server.worker import check_settings
+
+            check_settings(settings, workers)
     except config.ConfigError as exc:
         print(f"error: bad setting: {exc}", file=sys.stderr)
         return 2
     logger = logs.configure(settings.log_level, settings.log_format)
     encoding = _encoding_or_exit()
+    if workers > 1:
+        return _supervise(settings, workers, encoding, logger)
+    from proxy.server import runner as server
+
     try:
         with asyncio.Runner(loop_factory=server.loop_factory(settings.event_loop)) as runner:
             runner.run(server.serve(settings, encoding, logger))
     except KeyboardInterrupt:  # a second Ctrl-C
         return 130
     return 0
+
+
+def _supervise(
+    settings: config.Settings, workers: int, encoding: HarmonyEncoding, logger: logging.Logger
+) -> int:
+    """`serve` with worker processes (proxy/server/supervisor.py)."""
+    from proxy.server import multiproc
+
+    # Before anything imports prometheus_client: it reads the directory once, at import.
+    metrics_dir, made = multiproc.prepare(os.environ)
+    from proxy.server import runner
+    from proxy.server.supervisor import Supervisor
+
+    try:
+        with asyncio.Runner(loop_factory=runner.loop_factory(settings.event_loop)) as loop:
+            return loop.run(Supervisor(settings, workers, encoding, logger, metrics_dir).run())
+    finally:
+        if made:
+            multiproc.remove(metrics_dir)
 
 
 def build_parser() -> argparse.ArgumentParser:

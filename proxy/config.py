@@ -66,6 +66,15 @@ def _positive_int(value: str) -> int:
     return number
 
 
+def _workers(value: str) -> int:
+    if value.strip().lower() == "auto":
+        return 0  # resolved at start (proxy/server/cpus.py)
+    number = int(value)
+    if number < 0:
+        raise ValueError("must be a number of processes, or auto")
+    return number
+
+
 def _addresses(value: str) -> tuple[str, ...]:
     entries = tuple(part.strip() for part in value.split(",") if part.strip())
     for entry in entries:
@@ -152,6 +161,9 @@ FIELDS: tuple[Field, ...] = (
     Field("port", _port, 8080, "port to listen on"),
     Field("metrics_port", _port, None,
           "serve /metrics on this port as well (unset: only on the main port)"),
+    Field("workers", _workers, 1,
+          "proxy processes serving the port, each on its own core (issue 17); auto (or 0): "
+          "the CPUs this process may use, its affinity and cgroup CPU limit included"),
     Field("repair_models", _globs, ("*",),
           "comma-separated model names or globs whose /v1/responses is repaired; "
           "others pass through"),
@@ -267,6 +279,8 @@ class Settings:
     host: str = "0.0.0.0"
     port: int = 8080
     metrics_port: int | None = None
+    #: 0: auto.
+    workers: int = 1
     repair_models: tuple[str, ...] = ("*",)
     connect_timeout: float = 5.0
     first_token_timeout: float = 300.0

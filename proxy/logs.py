@@ -97,10 +97,13 @@ class TextFormatter(logging.Formatter):
         return text
 
 
-def configure(level: str, fmt: str) -> logging.Logger:
-    """Route our logger (and uvicorn's) to stderr in the chosen format."""
+def configure(level: str, fmt: str, **fields: Any) -> logging.Logger:
+    """Route our logger (and uvicorn's) to stderr in the chosen format; `fields` go on every
+    line (a worker process's `worker` number, issue 17)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    if fields:
+        handler.addFilter(_Fields(fields))
     for name in (LOGGER_NAME, "uvicorn", "uvicorn.error"):
         logger = logging.getLogger(name)
         logger.handlers = [handler]
@@ -109,6 +112,17 @@ def configure(level: str, fmt: str) -> logging.Logger:
     # uvicorn's access log would duplicate our per-request line (and log query strings).
     logging.getLogger("uvicorn.access").disabled = True
     return logging.getLogger(LOGGER_NAME)
+
+
+class _Fields(logging.Filter):
+    def __init__(self, fields: dict[str, Any]) -> None:
+        super().__init__()
+        self._fields = fields
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for key, value in self._fields.items():
+            setattr(record, key, value)
+        return True
 
 
 def get_logger() -> logging.Logger:

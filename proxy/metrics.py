@@ -3,6 +3,15 @@
 Label values come only from small fixed sets (routes, outcomes, channels, event types the core
 emits, error kinds); models only from the configured `metrics_models` list, others are `other`.
 Never ids, text or client-supplied strings.
+
+With worker processes (issue 17) every process writes its values to prometheus_client's
+multiprocess files (proxy/server/multiproc.py) and `/metrics` reads them all: counters and
+histograms are summed; each gauge says how its values combine (`multiprocess_mode`, ignored in
+a single process): what a process holds is summed over the live ones (`livesum`), a condition
+of the whole proxy is the worst live process's (`livemin` for "ready", `livemax` for
+"draining"), and what every process reads from one shared source is the same anywhere
+(`livemax`). No gauge is read at scrape time (`set_function`): a scrape answered by one
+process would never see another's.
 """
 
 from __future__ import annotations
@@ -148,7 +157,10 @@ class Metrics:
             registry=r,
         )
         self.in_flight = Gauge(
-            "proxy_streams_in_flight", "Repaired requests being served now", registry=r
+            "proxy_streams_in_flight",
+            "Repaired requests being served now",
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.first_event = Histogram(
             "proxy_time_to_first_event_seconds",
@@ -257,6 +269,7 @@ class Metrics:
             "proxy_upstream_capable",
             "1 when upstream's /v1/completions returns token ids (startup probe)",
             registry=r,
+            multiprocess_mode="livemin",
         )
         self.http_limits = Counter(
             "proxy_http_limits",
@@ -265,10 +278,27 @@ class Metrics:
             registry=r,
         )
         self.client_connections = Gauge(
-            "proxy_client_connections", "Open client connections", registry=r
+            "proxy_client_connections",
+            "Open client connections",
+            registry=r,
+            multiprocess_mode="livesum",
         )
-        self.ready = Gauge("proxy_ready", "1 when /readyz answers 200", registry=r)
-        self.draining = Gauge("proxy_draining", "1 after SIGTERM", registry=r)
+        self.ready = Gauge(
+            "proxy_ready", "1 when /readyz answers 200", registry=r, multiprocess_mode="livemin"
+        )
+        self.draining = Gauge(
+            "proxy_draining", "1 after SIGTERM", registry=r, multiprocess_mode="livemax"
+        )
+        # Issue 17: worker processes serving the port (each live one counts itself), and
+        # those that died and were replaced (counted by the supervisor).
+        self.worker_processes = Gauge(
+            "proxy_worker_processes",
+            "Proxy worker processes serving the port",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.worker_processes.set(1)
+        self.worker_restarts = worker_restarts(r)
         # Issue 12: where requests were rendered (inline on the loop, or in a worker process)
         # and how it ended; every label set exported at zero from the start.
         self.renders = Counter(
@@ -281,11 +311,13 @@ class Metrics:
             "proxy_store_responses",
             "Entries in the response store: responses and conversations",
             registry=r,
+            multiprocess_mode="livemax",
         )
         self.store_bytes = Gauge(
             "proxy_store_bytes",
             "Bytes the response store holds (what store_max_bytes bounds)",
             registry=r,
+            multiprocess_mode="livemax",
         )
         self.store_evictions = Counter(
             "proxy_store_evictions",
@@ -308,10 +340,17 @@ class Metrics:
         )
         self.background = Gauge(
             "proxy_background_responses",
-            "Background responses running in this process",
+            "Background responses running in the proxy",
             registry=r,
+            multiprocess_mode="livesum",
         )
-        build = Gauge("proxy_build_info", "Build information", ["version", "harmony"], registry=r)
+        build = Gauge(
+            "proxy_build_info",
+            "Build information",
+            ["version", "harmony"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
         build.labels(__version__, harmony_version).set(1)
         # Export zeros for the fixed label sets, so that rates, ratios and alerts have series
         # from the first scrape instead of "no data" until the first event of each kind
@@ -344,6 +383,11 @@ class Metrics:
         for reason in STORE_EVICTIONS:
             self.store_evictions.labels(reason)
 
+    def start_drain(self) -> None:
+        """SIGTERM: draining, and no longer ready (runner.py), at once."""
+        self.draining.set(1)
+        self.ready.set(0)
+
     def model_label(self, model: str) -> str:
         return model if model in self._models else "other"
 
@@ -369,3 +413,14 @@ class Metrics:
         self.items_unclosed.inc(record.items_unclosed)
         if record.repaired:
             self.repaired_streams.inc()
+
+
+def worker_restarts(registry: CollectorRegistry | None) -> Counter:
+    """`proxy_worker_restarts_total`: worker processes that died and were replaced. The
+    supervisor counts (proxy/server/supervisor.py); each worker's `Metrics` declares it too, so
+    the series exists at 0 from the first scrape, also with one process."""
+    return Counter(
+        "proxy_worker_restarts",
+        "Worker processes that died and were replaced (issue 17)",
+        registry=registry,
+    )

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -230,13 +230,23 @@ class ProxyProcess:
                 self.popen.wait()
 
 
-def start_proxy_process(upstream_url: str, log: Path, *flags: str) -> ProxyProcess:
-    """`python -m proxy serve` against `upstream_url`, JSON log to `log`, ready to serve."""
+def start_proxy_process(
+    upstream_url: str,
+    log: Path,
+    *flags: str,
+    env: Mapping[str, str] | None = None,
+    cpus: str | None = None,
+) -> ProxyProcess:
+    """`python -m proxy serve` against `upstream_url`, JSON log to `log`, ready to serve;
+    `env`: variables added to the process's environment; `cpus`: its affinity (`taskset -c`,
+    which execs the proxy: the pid is the proxy's)."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PROXY_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROXY_")} | dict(env or {})
+    pinned = ("taskset", "-c", cpus) if cpus is not None else ()
     with log.open("wb") as sink:
         popen = subprocess.Popen(
             [
+                *pinned,
                 *(sys.executable, "-m", "proxy", "serve", "--upstream", upstream_url),
                 *("--host", "127.0.0.1", "--port", str(port), "--log-format", "json", *flags),
             ],

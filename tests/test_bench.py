@@ -184,3 +184,21 @@ def test_logprobs_cost_measures_every_configuration() -> None:
     # The include costs bytes on the wire: more per token with more alternatives.
     sent = [int(table[name][3]) for name in ("off", "top 0", "top 5", "top 20")]
     assert sent == sorted(sent), table
+
+
+def test_workers_measures_one_and_two_workers_without_errors() -> None:
+    output = bench(
+        "workers.py",
+        *("--streams", "8", "--concurrency", "4", "--tokens", "60", "--repeats", "1"),
+        *("--upstreams", "replay"),
+    )
+    table = rows(output)
+    layouts = {name: cells for name, cells in table.items() if "worker" in name}
+    assert len(layouts) >= 2, output  # 4 on a 2-core machine
+    for cells in layouts.values():
+        assert cells[0] == "8", output  # streams
+        assert float(cells[1].split(" / ")[0].replace(",", "")) > 0  # aggregate tok/s
+        assert cells[-2:] == ["0", "ok"], output  # no errors; /metrics summed right
+        idle, peak = (float(v) for v in cells[-4].split(" / "))  # proxy PSS MB
+        assert 0 < idle <= peak, output
+        assert 0 < float(cells[-3]) <= idle, output  # per worker

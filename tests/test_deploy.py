@@ -9,12 +9,14 @@ exports. A real Prometheus evaluates them in test_prometheus_e2e.py.
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -29,6 +31,7 @@ from proxy.config import FIELDS, Settings, load_settings
 from proxy.metrics import Metrics
 from proxy.server import runner as server
 from proxy.server.app import create_app
+from proxy.server.cpus import usable_cpus
 from proxy.simulator import SimulatorConfig, create_simulator_app
 from tests.deploy_support import (
     DASHBOARD,
@@ -236,6 +239,28 @@ def test_kubernetes_shutdown_outlasts_the_drain(
     assert proxy_gone <= int(limit[1]) < pod["terminationGracePeriodSeconds"]
 
 
+def test_kubernetes_workers_follow_the_proxy_cpu_request(
+    manifests: dict[tuple[str, str], dict[str, Any]],
+) -> None:
+    """Issue 17: one worker process per requested CPU, through the downward API (no CPU limit
+    to read: it would throttle)."""
+    proxy = _containers(manifests)["proxy"]
+    [workers] = [item for item in proxy.get("env", []) if item["name"] == "PROXY_WORKERS"]
+    assert workers["valueFrom"]["resourceFieldRef"] == {
+        "containerName": "proxy",
+        "resource": "requests.cpu",
+        "divisor": "1",
+    }
+    assert "cpu" not in proxy["resources"].get("limits", {})
+    assert "PROXY_WORKERS" not in _proxy_env(manifests)  # the ConfigMap does not override it
+    # What the kubelet will set: the request in whole CPUs, rounded up.
+    request = str(proxy["resources"]["requests"]["cpu"])
+    cpus = math.ceil(int(request[:-1]) / 1000 if request.endswith("m") else float(request))
+    settings = load_settings({**_proxy_env(manifests), "PROXY_WORKERS": str(cpus)})
+    assert settings.workers == cpus
+    assert settings.workers >= 1
+
+
 def test_kubernetes_monitoring_scrapes_the_proxy_and_carries_the_rules(
     manifests: dict[tuple[str, str], dict[str, Any]],
 ) -> None:
@@ -381,6 +406,19 @@ def _interpolated(env: dict[str, str]) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("name", COMPOSE_FILES)
+def test_compose_sizes_workers_by_the_cpu_limit(name: str, tmp_path: Path) -> None:
+    """Issue 17: `PROXY_WORKERS=auto` under the service's `cpus` limit, which docker sets as
+    the container's cgroup quota: auto starts that many workers, whatever the host has."""
+    proxy = _compose(name)["services"]["proxy"]
+    assert load_settings(_interpolated(proxy["environment"])).workers == 0  # auto
+    limit = float(proxy["cpus"])
+    assert limit >= 1
+    (tmp_path / "cpu.max").write_text(f"{int(limit * 100_000)} 100000\n")
+    (tmp_path / "self").write_text("0::/\n")
+    assert usable_cpus(affinity=64, root=tmp_path, self_cgroup=tmp_path / "self") == int(limit)
+
+
+@pytest.mark.parametrize("name", COMPOSE_FILES)
 def test_compose_keeps_responses_on_a_volume_or_in_redis(name: str) -> None:
     services = _compose(name)["services"]
     compose = _compose(name)
@@ -502,6 +540,7 @@ def test_alert_rules_cover_the_issue() -> None:
         "ResponsesRepairProxyLatencyRegression": "proxy_time_to_first_content_seconds_bucket",
         "ResponsesRepairProxyOverheadHigh": "proxy_frame_overhead_seconds_bucket",
         "ResponsesRepairProxyStoreErrors": "proxy_store_errors_total",
+        "ResponsesRepairProxyWorkerRestarts": "proxy_worker_restarts_total",
     }
     assert set(rules) == set(expected)
     for name, metric in expected.items():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from proxy.server.app import create_app
 from tests.deploy_support import dashboard_queries, rule_queries, substitute
 from tests.live import LiveServer
 from tests.upstream_double import UpstreamDouble
+from tests.workers_support import start_workers
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Labels Prometheus adds when it scrapes; not on the proxy's own samples.
@@ -35,15 +37,28 @@ MODELS = ("openai/gpt-oss-120b",)
 Sample = tuple[str, dict[str, str]]
 
 
-@pytest.fixture(scope="module")
-def fresh(encoding: HarmonyEncoding) -> list[Sample]:
-    """The samples of a just-started proxy's /metrics: nothing served yet."""
+@pytest.fixture(scope="module", params=["one process", "two workers"])
+def fresh(
+    request: pytest.FixtureRequest, encoding: HarmonyEncoding, tmp_path_factory: Any
+) -> list[Sample]:
+    """The samples of a just-started proxy's /metrics: nothing served yet. With worker
+    processes (issue 17): what a `serve --workers 2` answers, read from every process's
+    multiprocess files."""
     double = UpstreamDouble()
     with LiveServer(double) as upstream:
-        settings = Settings(upstream_url=upstream.url, metrics_models=MODELS)
-        app = create_app(settings, encoding, registry=CollectorRegistry())
-        with LiveServer(app) as proxy:
-            text = httpx.get(proxy.url + "/metrics", timeout=5).text
+        if request.param == "two workers":
+            folder = tmp_path_factory.mktemp("workers")
+            flags = ("--metrics-models", ",".join(MODELS), "--data-dir", str(folder / "data"))
+            workers = start_workers(upstream.url, folder / "proxy.log", *flags)
+            try:
+                text = httpx.get(workers.url + "/metrics", timeout=5).text
+            finally:
+                workers.process.stop()
+        else:
+            settings = Settings(upstream_url=upstream.url, metrics_models=MODELS)
+            app = create_app(settings, encoding, registry=CollectorRegistry())
+            with LiveServer(app) as proxy:
+                text = httpx.get(proxy.url + "/metrics", timeout=5).text
     return [
         (sample.name, dict(sample.labels))
         for family in text_string_to_metric_families(text)
@@ -136,15 +151,15 @@ def _tree(relative: str) -> ast.Module:
     return ast.parse((ROOT / relative).read_text())
 
 
+def _core_nodes() -> Iterator[ast.AST]:
+    """The per-token machine and the stream around it (issue 17 split them in two)."""
+    for module in ("proxy/harmony/stream.py", "proxy/harmony/stream_tokens.py"):
+        yield from ast.walk(_tree(module))
+
+
 def test_malformed_kinds_cover_what_the_core_counts() -> None:
     counted: set[str] = set()
-    # the per-token machine counts most kinds, the stream's end the rest (issue 17 split them)
-    nodes = [
-        node
-        for module in ("proxy/harmony/stream.py", "proxy/harmony/stream_tokens.py")
-        for node in ast.walk(_tree(module))
-    ]
-    for node in nodes:
+    for node in _core_nodes():
         if (
             isinstance(node, ast.Subscript)
             and isinstance(node.value, ast.Attribute)
@@ -152,7 +167,7 @@ def test_malformed_kinds_cover_what_the_core_counts() -> None:
             and isinstance(node.slice, ast.Constant)
         ):
             counted.add(node.slice.value)
-        if (  # self._departed("kind"): counted where our parse departs from upstream's
+        if (  # `self._departed("kind")`: counted where our parse departs from upstream's
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)
             and node.func.attr == "_departed"

@@ -105,8 +105,6 @@ def create_app(
     registry = registry or CollectorRegistry()
     metrics = Metrics(registry, models=settings.metrics_models, harmony_version=_harmony_version())
     state = state or ServerState()
-    # Read at scrape time, also by the separate metrics port's app.
-    metrics.draining.set_function(lambda: 1.0 if state.draining else 0.0)
     log_to = logger or get_logger()
 
     def log(message: str, **fields: Any) -> None:

@@ -65,9 +65,17 @@ class Guard:
     """What the connections of one server share: the limits, the number of open connections,
     the keep-alive connections now idle (oldest first), and where limit events go."""
 
-    def __init__(self, limits: Limits, observe: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        limits: Limits,
+        observe: Callable[[str], None] | None = None,
+        connections: Callable[[int], None] | None = None,
+    ) -> None:
         self.limits = limits
         self.observe: Callable[[str], None] = observe or (lambda kind: None)
+        #: Told the number of open connections when it changes (a gauge: with worker
+        #: processes a scrape cannot read another process's count; issue 17).
+        self.connections: Callable[[int], None] = connections or (lambda count: None)
         self.open = 0
         self.idle: dict[GuardedProtocol, None] = {}
 
@@ -91,9 +99,11 @@ def http_guard(settings: Settings, metrics: Metrics, logger: logging.Logger) -> 
     `max_connections` fitted to the open-file limit (raised to its hard maximum first)."""
     fitted = fit_connections(settings.max_connections, logger)
     limits = dataclasses.replace(Limits.of(settings), max_connections=fitted)
-    guard = Guard(limits, lambda kind: metrics.http_limits.labels(kind).inc())
-    metrics.client_connections.set_function(lambda: guard.open)
-    return guard
+    return Guard(
+        limits,
+        lambda kind: metrics.http_limits.labels(kind).inc(),
+        metrics.client_connections.set,
+    )
 
 
 def fit_connections(requested: int, logger: logging.Logger) -> int:

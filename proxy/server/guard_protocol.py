@@ -98,6 +98,7 @@ class GuardedProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         guard = self.guard
         guard.open += 1
+        guard.connections(guard.open)
         self._counted = True
         # nginx's client_header_timeout runs from the accept: a connection that never sends a
         # head is closed like one that sends it too slowly.
@@ -121,6 +122,7 @@ class GuardedProtocol(HttpToolsProtocol):
         if self._counted:
             self._counted = False
             self.guard.open -= 1
+            self.guard.connections(self.guard.open)
         self._leave_idle()
         self._cancel_timers()
         # Every request of the connection learns that its client is gone, not only the newest

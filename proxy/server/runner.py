@@ -1,5 +1,7 @@
 """Running the proxy: uvicorn with draining on SIGTERM, the optional metrics port, and the
-built-in simulator as upstream when none is configured.
+built-in simulator as upstream when none is configured. With `workers` above 1 the supervisor
+(supervisor.py) runs the simulator and the metrics port, and each worker process (worker.py)
+runs `serve_proxy` on its own listening socket, with the drain below.
 
 Draining (issues 5 and 12), what Kubernetes can rely on. At the first SIGTERM/SIGINT:
 
@@ -29,7 +31,8 @@ import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import Callable, Generator
+import socket
+from collections.abc import AsyncIterator, Callable, Generator
 from types import FrameType
 
 import uvicorn
@@ -74,6 +77,9 @@ class DrainingServer(uvicorn.Server):
         state: ServerState,
         drain_timeout: float,
         drain_linger: float = 0.0,
+        *,
+        on_drain: Callable[[], None] = lambda: None,
+        on_started: Callable[[DrainingServer], None] = lambda server: None,
     ) -> None:
         super().__init__(config)
         self._state = state
@@ -81,10 +87,17 @@ class DrainingServer(uvicorn.Server):
         self._drain_linger = min(drain_linger, drain_timeout)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain: asyncio.Task[None] | None = None
+        self._on_drain = on_drain
+        self._on_started = on_started
 
-    async def serve(self, sockets: list[object] | None = None) -> None:  # type: ignore[override]
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
-        await super().serve(sockets)  # type: ignore[arg-type]
+        await super().serve(sockets)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:  # the lifespan is up and the listener accepts
+            self._on_started(self)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._state.draining or self._loop is None:
@@ -94,6 +107,9 @@ class DrainingServer(uvicorn.Server):
         self._loop.call_soon_threadsafe(self._start_drain)
 
     def _start_drain(self) -> None:
+        # Here, on the loop, not in the signal handler: with worker processes the metrics
+        # are files written under a lock that the interrupted code may hold.
+        self._on_drain()
         assert self._loop is not None
         self._drain = self._loop.create_task(self.drain())
 
@@ -139,27 +155,83 @@ def metrics_app(registry: CollectorRegistry) -> Starlette:
 
 
 async def serve(settings: Settings, encoding: HarmonyEncoding, logger: logging.Logger) -> None:
-    """Serve until a signal; start the simulator first when no upstream is configured."""
-    simulator = None
-    if settings.upstream_url is None:
-        from proxy.simulator.config import SimulatorConfig
-        from proxy.simulator.server import start_simulator
+    """Serve in this process until a signal; start the simulator first when no upstream is
+    configured."""
+    async with simulated_upstream(settings, encoding, logger) as settings:
+        await serve_proxy(settings, encoding, logger, metrics_port=settings.metrics_port)
 
-        simulator = await start_simulator(
-            SimulatorConfig(
-                stream_interval=settings.simulator_stream_interval,
-                token_seconds=settings.simulator_token_seconds,
-            ),
-            encoding,
+
+@contextlib.asynccontextmanager
+async def simulated_upstream(
+    settings: Settings, encoding: HarmonyEncoding, logger: logging.Logger
+) -> AsyncIterator[Settings]:
+    """`settings`, or with no upstream configured, the settings pointing at the built-in
+    simulator, which runs until the block ends (once per proxy, however many workers)."""
+    if settings.upstream_url is not None:
+        yield settings
+        return
+    from proxy.simulator.config import SimulatorConfig
+    from proxy.simulator.server import start_simulator
+
+    simulator = await start_simulator(
+        SimulatorConfig(
+            stream_interval=settings.simulator_stream_interval,
+            token_seconds=settings.simulator_token_seconds,
+        ),
+        encoding,
+    )
+    logger.warning(
+        "no upstream configured (PROXY_UPSTREAM_URL / --upstream): serving the BUILT-IN "
+        "trtllm-serve SIMULATOR as upstream, not a model",
+        extra={"simulator": simulator.url},
+    )
+    try:
+        yield dataclasses.replace(settings, upstream_url=simulator.url)
+    finally:
+        await simulator.stop()
+
+
+@contextlib.asynccontextmanager
+async def serve_metrics(
+    registry: CollectorRegistry, host: str, port: int | None
+) -> AsyncIterator[None]:
+    """`GET /metrics` of `registry` on `port` (None: nothing) while the block runs."""
+    if port is None:
+        yield
+        return
+    side = QuietServer(
+        uvicorn.Config(
+            metrics_app(registry),
+            host=host,
+            port=port,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
         )
-        settings = dataclasses.replace(settings, upstream_url=simulator.url)
-        logger.warning(
-            "no upstream configured (PROXY_UPSTREAM_URL / --upstream): serving the BUILT-IN "
-            "trtllm-serve SIMULATOR as upstream, not a model",
-            extra={"simulator": simulator.url},
-        )
+    )
+    task = asyncio.create_task(side.serve())
+    try:
+        yield
+    finally:
+        side.should_exit = True
+        await task
+
+
+async def serve_proxy(
+    settings: Settings,
+    encoding: HarmonyEncoding,
+    logger: logging.Logger,
+    *,
+    registry: CollectorRegistry | None = None,
+    sockets: list[socket.socket] | None = None,
+    metrics_port: int | None = None,
+    on_started: Callable[[DrainingServer], None] = lambda server: None,
+) -> None:
+    """Serve the proxy against `settings.upstream_url` until a signal: on `settings.port`, or
+    on `sockets` (a worker's own SO_REUSEPORT listener); metrics on `registry` (a worker's is
+    shared, multiproc.py), also on `metrics_port`; `on_started` once it accepts."""
     state = ServerState()
-    registry = CollectorRegistry()
+    registry = registry or CollectorRegistry()
     app = create_app(settings, encoding, state=state, registry=registry, logger=logger)
     # A pass-through answer that upstream breaks after our head is aborted by raising
     # `ResponseAborted` (logged and counted by the app already): not an error for uvicorn.
@@ -178,19 +250,14 @@ async def serve(settings: Settings, encoding: HarmonyEncoding, logger: logging.L
         server_header=False,
         **guard.uvicorn_options(),
     )
-    server = DrainingServer(config, state, settings.drain_timeout, settings.drain_linger)
-    side = None
-    if settings.metrics_port is not None:
-        side = QuietServer(
-            uvicorn.Config(
-                metrics_app(registry),
-                host=settings.host,
-                port=settings.metrics_port,
-                log_config=None,
-                access_log=False,
-                lifespan="off",
-            )
-        )
+    server = DrainingServer(
+        config,
+        state,
+        settings.drain_timeout,
+        settings.drain_linger,
+        on_drain=app.state.metrics.start_drain,
+        on_started=on_started,
+    )
     logger.info(
         "serving",
         extra={
@@ -201,13 +268,5 @@ async def serve(settings: Settings, encoding: HarmonyEncoding, logger: logging.L
             "pid": os.getpid(),
         },
     )
-    try:
-        if side is not None:
-            side_task = asyncio.create_task(side.serve())
-        await server.serve()
-    finally:
-        if side is not None:
-            side.should_exit = True
-            await side_task
-        if simulator is not None:
-            await simulator.stop()
+    async with serve_metrics(registry, settings.host, metrics_port):
+        await server.serve(sockets)

@@ -164,8 +164,9 @@ class SqliteStore(Store):
         return [(int(mark), bytes(data)) for mark, data in rows]
 
     async def wait_log(self, key: str, after: int, timeout: float) -> list[tuple[int, bytes]]:
-        self._ensure_poller()
-        return await self._waiters.wait_for(key, lambda: self.read_log(key, after), timeout)
+        return await self._waiters.wait_for(
+            key, lambda: self.read_log(key, after), timeout, watch=self._ensure_poller
+        )
 
     async def resolve(self, scope: str, alias: str) -> str | None:
         return await self._run(self._resolve, scope, alias)

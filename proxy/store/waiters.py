@@ -34,15 +34,20 @@ class Waiters:
         key: str,
         read: Callable[[], Awaitable[list[_T]]],
         timeout: float,
+        watch: Callable[[], None] = lambda: None,
     ) -> list[_T]:
         """`read()` until it returns something, waiting for a wake-up of `key` in between, up to
         `timeout` seconds in all. The waiter is registered *before* each read, so a write
-        between the read and the wait is never missed."""
+        between the read and the wait is never missed; `watch()` is called after each
+        registration (the embedded backend makes sure its poller runs: a wake-up unregisters
+        the waiter, so a poller that checks "anyone waiting?" just then ends, and the waiter,
+        registered again a moment later, would wait out its timeout; issue 17)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
             future: asyncio.Future[None] = loop.create_future()
             self._by_key.setdefault(key, set()).add(future)
+            watch()
             try:
                 found = await read()
                 left = deadline - loop.time()
