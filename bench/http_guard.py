@@ -1,4 +1,4 @@
-"""Benchmark: what the HTTP guard (proxy/server/guard_protocol.py, issue 12) costs, against
+"""Benchmark: what the HTTP guard (proxy/server/http/guard_protocol.py, issue 12) costs, against
 uvicorn's plain httptools protocol, side by side in one run.
 
     .venv/bin/python bench/http_guard.py [--rounds 7] [--requests 2000] [--frames 5000]
@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import harness
 from proxy.config import Settings
-from proxy.server.guard import Guard, Limits
-from proxy.server.runner import loop_factory
+from proxy.server.http.guard import Guard, Limits
+from proxy.server.processes.runner import loop_factory
 
 KINDS = ("plain", "guarded")
 UPLOAD = 16 * 1024 * 1024

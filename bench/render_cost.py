@@ -34,7 +34,7 @@ from bench.prepare import INSTRUCTIONS, TOOLS, history
 from proxy import vocab
 from proxy.harmony.request import prepare_request
 from proxy.harmony.request_prefix import PrefixCache
-from proxy.server.render import (
+from proxy.server.rendering.pool import (
     INLINE_MAX_BYTES,
     INLINE_MAX_OBJECTS,
     INLINE_MAX_RUN,

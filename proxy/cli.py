@@ -40,13 +40,13 @@ def _cmd_vocab(args: argparse.Namespace) -> int:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from proxy import logs
-    from proxy.server.cpus import resolve_workers
+    from proxy.server.processes.cpus import resolve_workers
 
     try:
         settings = config.load_settings(os.environ, args)
         workers = resolve_workers(settings.workers)
         if workers > 1:
-            from proxy.server.worker import check_settings
+            from proxy.server.processes.worker import check_settings
 
             check_settings(settings, workers)
     except config.ConfigError as exc:
@@ -56,7 +56,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     encoding = _encoding_or_exit()
     if workers > 1:
         return _supervise(settings, workers, encoding, logger)
-    from proxy.server import runner as server
+    from proxy.server.processes import runner as server
 
     try:
         with asyncio.Runner(loop_factory=server.loop_factory(settings.event_loop)) as runner:
@@ -69,13 +69,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _supervise(
     settings: config.Settings, workers: int, encoding: HarmonyEncoding, logger: logging.Logger
 ) -> int:
-    """`serve` with worker processes (proxy/server/supervisor.py)."""
-    from proxy.server import multiproc
+    """`serve` with worker processes (proxy/server/processes/supervisor.py)."""
+    from proxy.server.processes import multiproc
 
     # Before anything imports prometheus_client: it reads the directory once, at import.
     metrics_dir, made = multiproc.prepare(os.environ)
-    from proxy.server import runner
-    from proxy.server.supervisor import Supervisor
+    from proxy.server.processes import runner
+    from proxy.server.processes.supervisor import Supervisor
 
     try:
         with asyncio.Runner(loop_factory=runner.loop_factory(settings.event_loop)) as loop:

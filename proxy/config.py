@@ -68,7 +68,7 @@ def _positive_int(value: str) -> int:
 
 def _workers(value: str) -> int:
     if value.strip().lower() == "auto":
-        return 0  # resolved at start (proxy/server/cpus.py)
+        return 0  # resolved at start (proxy/server/processes/cpus.py)
     number = int(value)
     if number < 0:
         raise ValueError("must be a number of processes, or auto")
@@ -203,7 +203,8 @@ FIELDS: tuple[Field, ...] = (
           "it is a 400, or with truncation 'auto' the oldest input items are dropped to fit"),
     Field("max_concurrent_streams", _non_negative_int, 0,
           "repaired requests served at once; more get 429 with Retry-After (0: no limit)"),
-    # HTTP server limits on the client side (issue 12; nginx/Envoy semantics, proxy/server/guard.py)
+    # HTTP server limits on the client side (issue 12; nginx/Envoy semantics,
+    # proxy/server/http/guard.py)
     Field("max_header_bytes", _positive_int, 64 * 1024,
           "largest request head (request target and header lines) accepted; 431 above it"),
     Field("max_headers", _positive_int, 100,

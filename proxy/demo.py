@@ -27,7 +27,7 @@ from openai_harmony import HarmonyEncoding
 from proxy import vocab
 from proxy.config import Settings
 from proxy.server.app import create_app
-from proxy.server.runner import QuietServer
+from proxy.server.processes.runner import QuietServer
 from proxy.sse import SSEDecoder
 
 MODEL = "openai/gpt-oss-120b"

@@ -5,7 +5,7 @@ emits, error kinds); models only from the configured `metrics_models` list, othe
 Never ids, text or client-supplied strings.
 
 With worker processes (issue 17) every process writes its values to prometheus_client's
-multiprocess files (proxy/server/multiproc.py) and `/metrics` reads them all: counters and
+multiprocess files (proxy/server/processes/multiproc.py) and `/metrics` reads them all: counters and
 histograms are summed; each gauge says how its values combine (`multiprocess_mode`, ignored in
 a single process): what a process holds is summed over the live ones (`livesum`), a condition
 of the whole proxy is the worst live process's (`livemin` for "ready", `livemax` for
@@ -59,7 +59,7 @@ UPSTREAM_ERROR_KINDS = (
     "timeout",
 )
 
-#: (path, outcome) of `proxy_renders_total` (proxy/server/render.py).
+#: (path, outcome) of `proxy_renders_total` (proxy/server/rendering/pool.py).
 RENDER_LABELS = (
     ("inline", "ok"),
     ("inline", "client_error"),
@@ -70,7 +70,7 @@ RENDER_LABELS = (
     ("worker", "worker_died"),
     ("worker", "failed"),
 )
-#: `proxy_http_limits_total{kind}`: what the client-side HTTP limits stopped (server/guard.py).
+#: `proxy_http_limits_total{kind}`: what the client-side HTTP limits stopped (server/http/guard.py).
 HTTP_LIMIT_KINDS = (
     "head_too_large",
     "too_many_headers",
@@ -417,8 +417,8 @@ class Metrics:
 
 def worker_restarts(registry: CollectorRegistry | None) -> Counter:
     """`proxy_worker_restarts_total`: worker processes that died and were replaced. The
-    supervisor counts (proxy/server/supervisor.py); each worker's `Metrics` declares it too, so
-    the series exists at 0 from the first scrape, also with one process."""
+    supervisor counts (proxy/server/processes/supervisor.py); each worker's `Metrics` declares
+    it too, so the series exists at 0 from the first scrape, also with one process."""
     return Counter(
         "proxy_worker_restarts",
         "Worker processes that died and were replaced (issue 17)",

@@ -16,7 +16,7 @@ from typing import Any
 import uvicorn
 
 from proxy.server import asgi
-from proxy.server.runner import loop_factory
+from proxy.server.processes.runner import loop_factory
 
 
 def free_port() -> int:
@@ -41,7 +41,7 @@ class LiveServer:
             **config,
         )
         self.server = uvicorn.Server(self.config)
-        asgi.quiet_aborts()  # as `serve` does (proxy/server/runner.py)
+        asgi.quiet_aborts()  # as `serve` does (proxy/server/processes/runner.py)
         self.loop: asyncio.AbstractEventLoop | None = None
         self._thread = threading.Thread(target=self._run, daemon=True)
 

@@ -33,7 +33,7 @@ from proxy.config import Settings
 from proxy.harmony.request import prepare_request
 from proxy.harmony.response import CountingIds
 from proxy.server.app import create_app
-from proxy.server.guard import http_guard
+from proxy.server.http.guard import http_guard
 from proxy.simulator import SimulatorConfig
 from proxy.simulator.model import Completion, ScriptedModel
 from tests.live import LiveServer, free_port, wait_for

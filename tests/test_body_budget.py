@@ -11,7 +11,7 @@ import pytest
 
 from proxy.errors import ClientError, UnavailableError
 from proxy.server import asgi
-from proxy.server.budget import STEP, BodyBudget, declared_length, read_body
+from proxy.server.http.budget import STEP, BodyBudget, declared_length, read_body
 
 
 def test_reservations_fit_wait_in_order_and_release() -> None:

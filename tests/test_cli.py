@@ -52,7 +52,7 @@ def test_demo_json_shows_the_repair() -> None:
 def test_serve_runs_on_the_event_loop_setting(choice: str, uvloop: bool) -> None:
     import asyncio
 
-    from proxy.server.runner import loop_factory
+    from proxy.server.processes.runner import loop_factory
 
     factory = loop_factory(choice)
     loop = factory() if factory is not None else asyncio.new_event_loop()

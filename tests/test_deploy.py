@@ -29,9 +29,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy import vocab
 from proxy.config import FIELDS, Settings, load_settings
 from proxy.metrics import Metrics
-from proxy.server import runner as server
 from proxy.server.app import create_app
-from proxy.server.cpus import usable_cpus
+from proxy.server.processes import runner as server
+from proxy.server.processes.cpus import usable_cpus
 from proxy.simulator import SimulatorConfig, create_simulator_app
 from tests.deploy_support import (
     DASHBOARD,

@@ -19,8 +19,8 @@ from starlette.types import Receive, Scope, Send
 
 from proxy.config import Settings
 from proxy.logs import FIELD_CHARS, JsonFormatter, TextFormatter
-from proxy.server.forwarding import ForwardingMiddleware
-from proxy.server.guard import Guard, Limits
+from proxy.server.http.forwarding import ForwardingMiddleware
+from proxy.server.http.guard import Guard, Limits
 from tests.live import LiveServer
 from tests.rawhttp import exchange, port_of, request
 from tests.reliability import Proxy, body, running_proxy, wait_until

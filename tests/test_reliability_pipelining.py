@@ -6,7 +6,7 @@ the running request's ends: uvicorn's `connection_lost` marked only the newest p
 disconnected, so a stream ahead of a queued request never heard that its client had gone — it
 kept its upstream request generating, then failed writing to the closed socket ("Exception in
 ASGI application"), and a client that half-closed after its requests got that too. The fix is
-in the protocol (proxy/server/guard.py): every request of the connection sees the disconnect.
+in the protocol (proxy/server/http/guard.py): every request of the connection sees the disconnect.
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ from proxy import vocab
 from proxy.errors import ClientError
 from proxy.harmony.request import PreparedRequest, prepare_request
 from proxy.harmony.request_prefix import PrefixCache
-from proxy.server import render_worker
-from proxy.server.render import (
+from proxy.server.rendering import worker as render_worker
+from proxy.server.rendering.pool import (
     INLINE_MAX_BYTES,
     INLINE_MAX_OBJECTS,
     INLINE_MAX_RUN,

@@ -17,9 +17,9 @@ import pytest
 
 from proxy import logs
 from proxy.config import ConfigError, Settings, load_settings
-from proxy.server import multiproc
-from proxy.server.cpus import cgroup_quota, resolve_workers, usable_cpus
-from proxy.server.worker import WorkerSpec, bind_socket, check_settings, read_spec
+from proxy.server.processes import multiproc
+from proxy.server.processes.cpus import cgroup_quota, resolve_workers, usable_cpus
+from proxy.server.processes.worker import WorkerSpec, bind_socket, check_settings, read_spec
 from proxy.store.base import Append, Create
 from proxy.store.sqlite import SqliteStore
 
@@ -262,7 +262,7 @@ _OBSERVER = """
 import sys
 from prometheus_client import CollectorRegistry
 from proxy.metrics import HistogramBatch, Metrics
-from proxy.server import multiproc
+from proxy.server.processes import multiproc
 multiproc.check_active()
 metrics = Metrics(CollectorRegistry())
 batch = HistogramBatch(metrics.tokens_per_frame)
@@ -277,7 +277,7 @@ import sys
 import orjson
 from pathlib import Path
 from proxy.metrics import Metrics
-from proxy.server import multiproc
+from proxy.server.processes import multiproc
 registry = multiproc.shared_registry(Path(sys.argv[1]))
 Metrics(registry)
 samples = {

@@ -3,7 +3,7 @@
 POST /v1/responses   repaired when the model is in the repair set (repair.py), else passed on
 GET  /healthz        liveness: 200, or 503 once draining
 GET  /readyz         readiness: upstream reachable (its /health) and able to return token ids,
-                     a render worker up (render.py), not draining
+                     a render worker up (rendering/pool.py), not draining
 GET  /metrics        Prometheus metrics of the proxy
 *    /v1/responses/…   the stored responses (responses_api.py, issue 13), on the store the
                      lifespan opens from `store_url` (background runs: background.py)
@@ -45,14 +45,16 @@ from proxy.harmony.request_prefix import PrefixCache
 from proxy.harmony.response import IdFactory, random_id
 from proxy.logs import get_logger
 from proxy.metrics import Metrics
-from proxy.server import asgi, conversations_api, passthrough, responses_api
-from proxy.server.background import Background
-from proxy.server.budget import BodyBudget, discard_body, read_body
-from proxy.server.forwarding import ForwardingMiddleware
-from proxy.server.render import InlineRenderer, Renderer, RenderPool
-from proxy.server.render_worker import RenderOptions
-from proxy.server.repair import RepairDeps, ServerState, serve_repaired
-from proxy.server.stateful import Stateful
+from proxy.server import asgi, passthrough
+from proxy.server.deps import RepairDeps, ServerState
+from proxy.server.http.budget import BodyBudget, discard_body, read_body
+from proxy.server.http.forwarding import ForwardingMiddleware
+from proxy.server.rendering.pool import InlineRenderer, Renderer, RenderPool
+from proxy.server.rendering.worker import RenderOptions
+from proxy.server.repair import serve_repaired
+from proxy.server.stateful import conversations_api, responses_api
+from proxy.server.stateful.background import Background
+from proxy.server.stateful.state import Stateful
 from proxy.store import OFF, Store, StoreError, open_store
 from proxy.upstream.client import Upstream
 

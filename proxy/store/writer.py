@@ -1,11 +1,11 @@
 """One writer task per app: the store writes of every response in flight, batched.
 
 The repaired route never awaits a store on its way to the client (issue 13: a failed write never
-breaks a foreground stream). A response's `Recorder` (proxy/server/recording.py) hands its new
-events to the writer as a *source*: an object with `take() -> list[Op]`, called when the writer
-gets to it. Events pile up in the source until then, so under load one log entry holds several
-frames of events, and one `apply` — one SQLite transaction, one Redis round trip — carries the
-writes of every response that had something new.
+breaks a foreground stream). A response's `Recorder` (proxy/server/stateful/recording.py)
+hands its new events to the writer as a *source*: an object with `take() -> list[Op]`, called
+when the writer gets to it. Events pile up in the source until then, so under load one log
+entry holds several frames of events, and one `apply` — one SQLite transaction, one Redis
+round trip — carries the writes of every response that had something new.
 
     sources ──schedule──▶ pending ──take()──▶ one batch ──apply──▶ store
                                                           └──▶ futures of `flush()` callers

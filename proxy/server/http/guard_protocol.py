@@ -1,5 +1,5 @@
 """The guarded HTTP/1.1 protocol: uvicorn's `HttpToolsProtocol` with the limits of
-`proxy/server/guard.py` (issue 12, items 2 and 7).
+`proxy/server/http/guard.py` (issue 12, items 2 and 7).
 
 Theory of operation. A connection is, at any time, waiting for or inside a head (`_in_head`;
 `_head_bytes` counts what arrived of it), or inside a body (`_in_body`), while zero or
@@ -42,7 +42,7 @@ from uvicorn.protocols.http.httptools_impl import (
 from proxy.errors import ClientError, ProxyError
 
 if TYPE_CHECKING:
-    from proxy.server.guard import Guard
+    from proxy.server.http.guard import Guard
 
 #: Requests a client may queue behind the one being answered (module doc, item 7).
 MAX_PIPELINED = 32

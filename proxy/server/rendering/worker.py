@@ -1,4 +1,4 @@
-"""A render worker process: `python -m proxy.server.render_worker VOCAB_DIR` (issue 12, item 1).
+"""A render worker process: `python -m proxy.server.rendering.worker VOCAB_DIR` (issue 12, item 1).
 
 Theory of operation. openai-harmony holds the GIL while it renders, and its BPE is quadratic in
 the length of one unbroken run of text (`"a" * 200_000` takes 12-29 s), so a render on the event
@@ -80,7 +80,7 @@ class RenderOptions:
 
     def encode(self) -> bytes:
         # The fields, not the object: in the worker this module runs as `__main__`, where a
-        # pickled `proxy.server.render_worker.RenderOptions` would be another class.
+        # pickled `proxy.server.rendering.worker.RenderOptions` would be another class.
         return pickle.dumps({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
 
     @staticmethod

@@ -8,8 +8,9 @@ Theory of operation. The supervisor is the process `serve` started; it serves no
              fails here, and port 0 becomes a real one); the built-in simulator starts when no
              upstream is configured (once, here); one reasoning key is made when none is set
              (every worker must open what another sealed); then N workers start
-             (`python -m proxy.server.worker`, worker.py), each binding its own listener on the
-             port — the kernel spreads connections over them — and saying when it accepts.
+             (`python -m proxy.server.processes.worker`, worker.py), each binding its own
+             listener on the port — the kernel spreads connections over them — and saying
+             when it accepts.
     a worker dies    its live gauges are dropped (in-flight streams it held are no longer
              counted), what is left of its process group is killed (its render workers),
              `proxy_worker_restarts_total` goes up, an error is logged, and a new worker takes
@@ -47,9 +48,9 @@ from openai_harmony import HarmonyEncoding
 from proxy.config import Settings
 from proxy.harmony.reasoning_seal import ReasoningKeys
 from proxy.metrics import worker_restarts
-from proxy.server import multiproc
-from proxy.server.runner import EXIT_MARGIN, serve_metrics, simulated_upstream
-from proxy.server.worker import READY, WorkerSpec, bind_socket
+from proxy.server.processes import multiproc
+from proxy.server.processes.runner import EXIT_MARGIN, serve_metrics, simulated_upstream
+from proxy.server.processes.worker import READY, WorkerSpec, bind_socket
 
 #: Seconds a worker may take from its start to accepting connections.
 STARTUP_TIMEOUT = 60.0
@@ -193,7 +194,7 @@ class Supervisor:
 
     async def _spawn(self, index: int, settings: Settings) -> asyncio.subprocess.Process:
         process = await asyncio.create_subprocess_exec(
-            *(self._python, "-m", "proxy.server.worker"),
+            *(self._python, "-m", "proxy.server.processes.worker"),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             start_new_session=True,  # module doc: Ctrl-C reaches the supervisor only

@@ -8,7 +8,7 @@ contract, the `openai` SDK's calls are the test):
     POST   /v1/responses/{id}/cancel          a background response ends `cancelled`
     POST   /v1/responses/input_tokens         the prompt length the proxy would send upstream
 
-Every call is scoped by credential (stateful.py): another credential's response is a 404. A
+Every call is scoped by credential (stateful/state.py): another credential's response is a 404. A
 store that does not answer is a 503 before anything else is sent. When some models pass through
 to upstream (`repair_models` is not `*`), an id the store does not know goes to upstream, whose
 own store may hold it.
@@ -32,11 +32,11 @@ from proxy.harmony.request import parse_body
 from proxy.harmony.request_fields import check_response_id
 from proxy.harmony.stored import RUNNING, TERMINAL_EVENTS, StoredResponse, decode_events
 from proxy.server import asgi
-from proxy.server.stateful import Loaded, scope_of
+from proxy.server.stateful.state import Loaded, scope_of
 from proxy.store import CANCEL, Delete, Op, Signal
 
 if TYPE_CHECKING:
-    from proxy.server.repair import RepairDeps
+    from proxy.server.deps import RepairDeps
 
 #: Pass-through of a request the store cannot answer: (scope, receive, send).
 Forward = Callable[[Scope, Receive, Send], Awaitable[None]]

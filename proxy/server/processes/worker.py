@@ -2,8 +2,8 @@
 event loop, render workers, upstream client and store connection — on a listening socket of
 its own that shares the port with the other workers (SO_REUSEPORT).
 
-`python -m proxy.server.worker`, started by the supervisor, which writes a `WorkerSpec` to its
-stdin and keeps that pipe open for the worker's life:
+`python -m proxy.server.processes.worker`, started by the supervisor, which writes a
+`WorkerSpec` to its stdin and keeps that pipe open for the worker's life:
 
     supervisor → worker   stdin    length-prefixed pickled WorkerSpec, then nothing; EOF means
                                    the supervisor is gone: the worker drains as on SIGTERM
@@ -100,7 +100,7 @@ def main() -> int:
     os.dup2(2, 1)
 
     from proxy import logs, vocab
-    from proxy.server import multiproc, runner
+    from proxy.server.processes import multiproc, runner
 
     settings = spec.settings
     logger = logs.configure(settings.log_level, settings.log_format, worker=spec.index)
@@ -135,6 +135,6 @@ def main() -> int:
 
 if __name__ == "__main__":  # pragma: no cover - run as a child process by the supervisor
     # The module under its own name, not `__main__`: the spec unpickles as its WorkerSpec.
-    from proxy.server import worker
+    from proxy.server.processes import worker
 
     raise SystemExit(worker.main())

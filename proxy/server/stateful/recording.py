@@ -32,7 +32,7 @@ from proxy.harmony.stored import StoredResponse, encode_events
 from proxy.store import Append, Create, Op, Push, StoreError, Update
 
 if TYPE_CHECKING:
-    from proxy.server.stateful import Stateful
+    from proxy.server.stateful.state import Stateful
 
 
 class Recorder:

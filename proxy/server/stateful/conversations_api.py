@@ -10,7 +10,7 @@
     GET    /v1/conversations/{id}/items/{item_id}   one item
     DELETE /v1/conversations/{id}/items/{item_id}   remove it (answers the conversation)
 
-A conversation is a store entry scoped by credential like a response (stateful.py: another
+A conversation is a store entry scoped by credential like a response (stateful/state.py: another
 credential's conversation is a 404), kept `store_ttl` from its creation and evicted oldest first
 under `store_max_bytes`. Items are checked as a response's input is (gpt-oss renders them later;
 a 400 now, not on every later turn), `item_reference`s resolved from stored responses, each
@@ -34,13 +34,13 @@ from proxy.harmony import conversation as conv
 from proxy.harmony import history
 from proxy.harmony.request import parse_body
 from proxy.server import asgi
-from proxy.server.budget import BodyBudget, read_body
-from proxy.server.responses_api import error_answer, logged, query_integer
-from proxy.server.stateful import Stateful, scope_of
+from proxy.server.http.budget import BodyBudget, read_body
+from proxy.server.stateful.responses_api import error_answer, logged, query_integer
+from proxy.server.stateful.state import Stateful, scope_of
 from proxy.store import Create, Delete, Push, Remove, Update
 
 if TYPE_CHECKING:
-    from proxy.server.repair import RepairDeps
+    from proxy.server.deps import RepairDeps
 
 Handler = Callable[[Request], Awaitable[Response]]
 

@@ -46,8 +46,8 @@ from starlette.routing import Route
 from proxy.config import Settings
 from proxy.server import asgi
 from proxy.server.app import create_app
-from proxy.server.guard import http_guard
-from proxy.server.repair import ServerState
+from proxy.server.deps import ServerState
+from proxy.server.http.guard import http_guard
 
 #: Seconds given to streams ended at the drain timeout to write their terminal events.
 _END_GRACE = 0.5

@@ -43,7 +43,7 @@ from proxy.harmony.stored import (
     ended_events,
 )
 from proxy.metrics import Metrics
-from proxy.server.recording import Recorder
+from proxy.server.stateful.recording import Recorder
 from proxy.store import Append, Entry, Lease, Op, Store, StoreError, Update
 from proxy.store.measured import Measured
 from proxy.store.writer import StoreWriter

@@ -23,7 +23,7 @@ Every answer is an OpenAI-style JSON error with `connection: close`, followed by
 close (RFC 9112 §9.6): our FIN goes first and what the client still sends is read and dropped
 for up to `LINGER_SECONDS`, so the client reads the answer instead of a reset.
 
-The protocol itself: `proxy/server/guard_protocol.py`.
+The protocol itself: `proxy/server/http/guard_protocol.py`.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any
 
 from proxy.config import Settings
 from proxy.metrics import Metrics
-from proxy.server.guard_protocol import GuardedProtocol
+from proxy.server.http.guard_protocol import GuardedProtocol
 
 #: Open files kept for everything but client connections and their upstream connections.
 FD_RESERVE = 64

@@ -15,7 +15,7 @@ liveness probe. A thread does not help; a process does. `RenderPool`:
   pre-token never spans whitespace, and JSON escapes only make a run look longer). Worst body
   under all three: ~1.5 ms (BENCHMARKS.md, section 6).
 - **workers**: everything else goes to one of `render_workers` processes
-  (`render_worker.py`), started with the app (lifespan), each with its encoding and its own
+  (`rendering/worker.py`), started with the app (lifespan), each with its encoding and its own
   `PrefixCache`, restarted when one dies. At most `render_queue` requests wait for a free worker
   (more: 429 + Retry-After), and none waits longer than `render_timeout` (then 429 too).
 - **render_timeout**: a render that takes longer gets a 400 naming the limit; its worker is
@@ -40,8 +40,8 @@ from openai_harmony import HarmonyEncoding
 from proxy.errors import ClientError, ProxyError
 from proxy.harmony.request import PreparedRequest
 from proxy.harmony.request_prefix import PrefixCache
-from proxy.server import render_worker as wire
-from proxy.server.render_worker import RenderOptions
+from proxy.server.rendering import worker as wire
+from proxy.server.rendering.worker import RenderOptions
 
 #: Fast-path bounds, measured with bench/render_cost.py (BENCHMARKS.md, section 6): the
 #: costliest body within all three renders in ~1.5 ms; a worker round trip costs ~0.2-0.4 ms.
@@ -227,7 +227,7 @@ class RenderPool:
         while not self._closing:
             try:
                 process = await asyncio.create_subprocess_exec(
-                    *(self._python, "-m", "proxy.server.render_worker", str(self._vocab_dir)),
+                    *(self._python, "-m", "proxy.server.rendering.worker", str(self._vocab_dir)),
                     stdin=asyncio.subprocess.PIPE,
                     stdout=asyncio.subprocess.PIPE,
                 )

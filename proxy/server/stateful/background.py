@@ -32,8 +32,9 @@ from proxy.server import asgi
 from proxy.store import CANCEL, Create, StoreError
 
 if TYPE_CHECKING:
-    from proxy.server.repair import Exchange, RepairDeps
-    from proxy.server.stateful import Context
+    from proxy.server.deps import RepairDeps
+    from proxy.server.exchange import Exchange
+    from proxy.server.stateful.state import Context
 
 #: Seconds between looks at the running entries' signals (missed pub/sub, poller gaps).
 CHECK_PERIOD = 5.0
@@ -200,7 +201,7 @@ async def answer_background(
     if not stream:
         await asgi.send_json(send, 200, queued, id_header)
         return
-    from proxy.server.responses_api import follow
+    from proxy.server.stateful.responses_api import follow
 
     assert deps.stateful is not None
     await follow(deps, scope_key, queued["id"], -1, inbound, send, id_header)

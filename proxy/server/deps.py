@@ -1,0 +1,112 @@
+"""What every repaired request shares: the app's `ServerState`, the injected `RepairDeps`, and
+the drain's bound on waiting (`until_drained`). Owned by the app factory (app.py), read by the
+exchanges (exchange.py) and the route (repair.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeVar
+
+from openai_harmony import HarmonyEncoding
+
+from proxy.config import Settings
+from proxy.errors import UnavailableError
+from proxy.harmony.parser import TokenTable
+from proxy.harmony.reasoning_seal import ReasoningKeys
+from proxy.harmony.request_prefix import PrefixCache
+from proxy.harmony.response import IdFactory
+from proxy.metrics import Metrics
+from proxy.server.rendering.pool import Renderer
+from proxy.upstream.client import Capability, Upstream
+
+if TYPE_CHECKING:
+    from proxy.server.stateful.background import Background
+    from proxy.server.stateful.state import Stateful
+
+T = TypeVar("T")
+
+#: The error code of requests the drain ended (not upstream's fault: not counted as such).
+SHUTTING_DOWN = "server_shutting_down"
+
+_UNKNOWN = Capability(False, False, "upstream not probed yet")
+
+
+@dataclass
+class ServerState:
+    """Mutable state shared by all requests of one app (owned by the app, injected here)."""
+
+    capability: Capability = _UNKNOWN
+    in_flight: int = 0
+    #: Requests being handled on the proxy's own routes (app.py), for the drain (runner.py).
+    active: int = 0
+    draining: bool = False
+    #: True once the drain period is over: open streams end with `response.failed`.
+    force_end: bool = False
+    #: What wakes each open stream's wait for its next frame when the drain is over (a
+    #: callback per stream, not a task per stream: memory per open stream, issue 7).
+    interrupts: set[Callable[[], None]] = field(default_factory=set)
+
+    def end_all(self) -> None:
+        """The drain period is over: every open stream ends now."""
+        self.force_end = True
+        for interrupt in list(self.interrupts):
+            interrupt()
+
+
+@dataclass(frozen=True)
+class RepairDeps:
+    """Everything an exchange needs, injected by the app factory (house-style principle 5)."""
+
+    settings: Settings
+    encoding: HarmonyEncoding
+    upstream: Upstream
+    metrics: Metrics
+    state: ServerState
+    log: Callable[..., None]
+    ids: IdFactory
+    #: Rendered system + developer prompts, shared by the requests of one app.
+    prefixes: PrefixCache
+    #: Validation + rendering, off the event loop (rendering/pool.py, issue 12); it opens input
+    #: reasoning with the same keys and applies `max_prompt_tokens`.
+    renderer: Renderer
+    #: Seal `encrypted_content` of output reasoning items (issue 14).
+    reasoning_keys: ReasoningKeys
+    #: The bytes of token ids, shared by the streams of one app (None: one per stream).
+    tokens: TokenTable | None = None
+    clock: Callable[[], float] = time.time
+    monotonic: Callable[[], float] = time.monotonic
+    #: The response store's side of the shell (None: `store_url = off`) and the background
+    #: runs (issue 13).
+    stateful: Stateful | None = None
+    background: Background | None = None
+
+
+async def until_drained(state: ServerState, work: Awaitable[T]) -> T:
+    """`await work`, unless the drain period ends first: then 503 `server_shutting_down`
+    (issue 12: a request still rendering or waiting for upstream's head at the drain timeout
+    gets a JSON 503, never a 500 from uvicorn's cancellation)."""
+    timer: asyncio.Timeout | None = None
+
+    def interrupt() -> None:
+        if timer is not None and not timer.expired():
+            timer.reschedule(asyncio.get_running_loop().time())
+
+    state.interrupts.add(interrupt)
+    try:
+        if state.force_end:
+            raise TimeoutError
+        async with asyncio.timeout(None) as timer:
+            return await work
+    except TimeoutError:
+        if not state.force_end:
+            raise
+        raise UnavailableError(
+            "the proxy is shutting down; retry on another replica", code=SHUTTING_DOWN
+        ) from None
+    finally:
+        state.interrupts.discard(interrupt)
+        if asyncio.iscoroutine(work):
+            work.close()  # never awaited when the drain had already ended

@@ -1,0 +1,318 @@
+"""One repaired request's exchange with upstream: the pump from upstream frames through the core
+to the client (a stream, or one JSON answer), its failures, and its stored copy's writes.
+
+`response.created`/`in_progress` go out as soon as upstream accepted the request, before its
+first token. After that every failure — upstream cut, `{"error": …}` frame, malformed frame,
+first-token or idle timeout, `[DONE]` without a finish, shutdown — ends the stream with the
+core's `error` + `response.failed`. A client that goes away cancels the exchange, whose
+`async with` closes the upstream request at once (trtllm-serve then aborts generation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from starlette.types import Send
+
+from proxy import sse
+from proxy.errors import UpstreamError
+from proxy.harmony.request import PreparedRequest
+from proxy.harmony.response import ResponseContext
+from proxy.harmony.stream import ResponseStream
+from proxy.metrics import HistogramBatch
+from proxy.server import asgi
+from proxy.server.deadline import Deadline
+from proxy.server.deps import SHUTTING_DOWN, RepairDeps, until_drained
+from proxy.server.selfcheck import SelfCheck
+from proxy.upstream.client import Frames
+from proxy.upstream.completions import FrameError
+
+if TYPE_CHECKING:
+    from proxy.server.stateful.recording import Recorder
+
+
+class _End(Exception):
+    """The stream ended abnormally after it started; carries the core's closing events."""
+
+    def __init__(self, events: list[dict[str, Any]]) -> None:
+        self.events = events
+
+
+@dataclass
+class Exchange:
+    """One repaired request/response (see the module docstring)."""
+
+    deps: RepairDeps
+    prepared: PreparedRequest
+    request_id: str
+    started: float
+    headers: list[tuple[str, str]]
+    selfcheck: SelfCheck = field(default_factory=SelfCheck)
+    phase: str = "before_upstream"
+    status: int = 200
+    error_code: str | None = None
+    first_content: float | None = None
+    snapshot: dict[str, Any] | None = None
+    #: The client has its whole answer (the terminal event, or the JSON body).
+    delivered: bool = False
+    #: Where the events of a stored response go (issue 13); None: not stored.
+    recorder: Recorder | None = None
+    ctx: ResponseContext = field(init=False)
+    _core: ResponseStream | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        deps, prepared = self.deps, self.prepared
+        self.ctx = ResponseContext(
+            response_id=deps.ids("resp"),
+            created_at=float(int(deps.clock())),
+            model=prepared.model,
+            echo=prepared.echo,
+            input_tokens=len(prepared.prompt_token_ids),
+            namespaces=prepared.namespaces,
+            coalesce_deltas=deps.settings.delta_mode == "coalesce",
+            clock=deps.clock,  # completed_at (issue 14)
+            seal=deps.reasoning_keys.seal if prepared.sealed_reasoning else None,
+            top_logprobs=prepared.top_logprobs,
+        )
+
+    @property
+    def core(self) -> ResponseStream:
+        """The repair core, made at first use (see `stream`)."""
+        return self._core or self._make_core()
+
+    def _make_core(self) -> ResponseStream:
+        """Make the core unless it exists: off the request's way to upstream (issue 17)."""
+        if self._core is None:
+            deps = self.deps
+            self._core = ResponseStream(deps.encoding, self.ctx, deps.ids, table=deps.tokens)
+        return self._core
+
+    @property
+    def response_id(self) -> str:
+        return self.ctx.response_id
+
+    # -- the two answers: an event stream, or one JSON object --------------------------------
+
+    async def stream(self, send: Send) -> None:
+        headers = [*asgi.SSE_HEADERS, (b"x-request-id", self.request_id.encode())]
+        # The core is made while upstream reads the request: the callback runs when this task
+        # first waits for upstream (issue 17). It is started only once upstream answered.
+        asyncio.get_running_loop().call_soon(self._make_core)
+        async with self._opened() as frames:
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            self.phase = "before_first_token"
+            await self._write(send, self.core.start())
+            self.deps.metrics.first_event.observe(self.deps.monotonic() - self.started)
+            try:
+                async for events in self._pump(frames, keepalive=True):
+                    if events:
+                        await self._write(send, events)
+                    else:
+                        await send(
+                            {"type": "http.response.body", "body": sse.KEEPALIVE, "more_body": True}
+                        )
+            except _End as end:
+                await self._write(send, end.events)
+            else:
+                await _release(frames)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def answer(self, send: Send) -> None:
+        """`stream: false`: the same path, answered with the terminal snapshot as JSON."""
+        async with self._opened() as frames:
+            self.phase = "before_first_token"
+            started = self.core.start()
+            self.selfcheck.observe(started)
+            await self._keep(started)
+            try:
+                async for events in self._pump(frames, keepalive=False):
+                    self.selfcheck.observe(events)
+                    self._note(events)
+                    await self._keep(events)
+            except _End as end:
+                self.selfcheck.observe(end.events)
+                self._note(end.events)
+                await self._keep(end.events)
+                message = end.events[-2]["message"]
+                status = 504 if self.error_code == "upstream_timeout" else 502
+                raise UpstreamError(message, status=status, code=self.error_code) from None
+            await _release(frames)
+        assert self.snapshot is not None
+        await asgi.send_json(
+            send, 200, self.snapshot, [(b"x-request-id", self.request_id.encode())]
+        )
+        self.delivered = True
+
+    # -- the pump ---------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _opened(self) -> AsyncIterator[Frames]:
+        """Upstream's stream; the wait for its head ends with a 503 at the drain's end."""
+        async with contextlib.AsyncExitStack() as stack:
+            yield await until_drained(self.deps.state, stack.enter_async_context(self._upstream()))
+
+    def _upstream(self) -> Any:
+        # The client's own X-Request-Id is replaced by ours (the same when it was a sane one),
+        # as on the pass-through route: never two of them, never the client's junk, upstream.
+        headers = [(n, v) for n, v in self.headers if n.lower() != asgi.REQUEST_ID]
+        return self.deps.upstream.completion_stream(
+            self.prepared.completion_body,
+            [*headers, (asgi.REQUEST_ID, self.request_id)],
+            timeout=self.deps.settings.first_token_timeout,
+        )
+
+    async def _pump(
+        self, frames: Frames, *, keepalive: bool
+    ) -> AsyncIterator[list[dict[str, Any]]]:
+        """Yield the events of each upstream frame ([] = time for a keepalive) until the core
+        ended; raise `_End` with the failure events when the stream breaks.
+
+        Both deadlines count from the last *token* (issue 12): the first token within
+        `first_token_timeout` of the request, each next one within `idle_timeout` of the one
+        before. Frames without tokens (empty ones, the usage frame) reset neither, so an
+        upstream that sends one token and then empty frames for ever still ends in
+        `upstream_timeout`. Keepalives count from the last bytes written to the client.
+
+        The wait for a frame is one `await` under a deadline (`Frames` is cancel-safe), so a
+        frame reaches the core one event-loop wake-up after its bytes: no task, timer or
+        `asyncio.wait` per frame. The drain's end expires the current wait at once."""
+        deps, settings, core = self.deps, self.deps.settings, self.core
+        state = deps.state
+        # Two histograms per frame, observed in batches (metrics.HistogramBatch, issue 17).
+        overhead = HistogramBatch(deps.metrics.frame_overhead)
+        frame_tokens = HistogramBatch(deps.metrics.tokens_per_frame)
+        # One lazily re-armed timer for all the waits, not an `asyncio.timeout` per frame
+        # (~14 µs each, issue 17); the drain's end expires the current wait through it.
+        waits = Deadline()
+        state.interrupts.add(waits.expire)
+        deadline = self.started + settings.first_token_timeout
+        timeout_kind = "first_token"
+        ping_every = settings.keepalive_interval if keepalive else math.inf
+        ping_at = deps.monotonic() + ping_every
+        try:
+            while not core.ended:
+                if state.force_end:
+                    self._fail(SHUTTING_DOWN, "the proxy is shutting down")
+                now = deps.monotonic()
+                if now >= deadline:
+                    deps.metrics.timeouts.labels(timeout_kind).inc()
+                    if timeout_kind == "first_token":
+                        limit, what = settings.first_token_timeout, "first token"
+                    else:
+                        limit, what = settings.idle_timeout, "next token"
+                    self._fail("upstream_timeout", f"upstream sent no {what} within {limit:g} s")
+                if now >= ping_at:
+                    ping_at = now + ping_every
+                    yield []
+                    continue
+                try:
+                    async with waits.after(min(deadline, ping_at) - now):
+                        frame = await frames.__anext__()
+                except TimeoutError:
+                    continue  # a deadline, a keepalive, or the drain's end: see above
+                except StopAsyncIteration:
+                    self._fail(
+                        "upstream_incomplete",
+                        "upstream closed the stream before the end of generation",
+                    )
+                except FrameError as exc:
+                    self._fail(exc.code, exc.message)
+                arrived = deps.monotonic()
+                if frame.done:
+                    self._fail(
+                        "upstream_incomplete", "upstream sent [DONE] before the end of generation"
+                    )
+                events: list[dict[str, Any]] = []
+                if frame.token_ids or frame.finish_reason is None:
+                    events = core.feed(frame.token_ids, frame.logprobs, frame.top_logprobs)
+                    if frame.token_ids:
+                        self.phase = "streaming"
+                        timeout_kind = "idle"
+                        deadline = arrived + settings.idle_timeout
+                if frame.finish_reason is not None:
+                    events += core.finish(frame.finish_reason, frame.stop_reason)
+                if events:
+                    yield events
+                    sent = deps.monotonic()
+                    ping_at = sent + ping_every
+                    overhead.observe(sent - arrived)
+                    core.account()  # the recovery accounting, once the events are out
+                if frame.token_ids or frame.finish_reason is None:
+                    frame_tokens.observe(len(frame.token_ids))
+        finally:
+            state.interrupts.discard(waits.expire)
+            waits.close()
+            overhead.flush()
+            frame_tokens.flush()
+
+    def _fail(self, code: str, message: str) -> None:
+        self.error_code = code
+        if code != SHUTTING_DOWN:  # our own drain, not upstream's fault
+            kind = "timeout" if code == "upstream_timeout" else code
+            self.deps.metrics.upstream_errors.labels(kind).inc()
+        raise _End(self.core.fail(code, message))
+
+    async def _keep(self, events: list[dict[str, Any]]) -> None:
+        """Hand a batch to the recorder: at once, or — the terminal batch — stored first."""
+        recorder = self.recorder
+        if recorder is None:
+            return
+        if self.core.ended:
+            await recorder.finish(events)
+        else:
+            recorder.add(events)
+
+    def settle(self) -> list[dict[str, Any]]:
+        """The exchange stopped early (client gone, error before its first byte, shutdown):
+        the events that end its stored copy — `cancelled` once it had started."""
+        if self.phase == "before_upstream" or self.core.ended:
+            return []
+        return self.core.cancel()
+
+    async def _write(self, send: Send, events: list[dict[str, Any]]) -> None:
+        if self.recorder is not None:
+            await self._keep(events)
+        await send(
+            {"type": "http.response.body", "body": sse.encode_all(events), "more_body": True}
+        )
+        # The check follows what was written, after the bytes are on their way (latency).
+        self.selfcheck.observe(events)
+        self._note(events)
+        self.delivered = self.core.ended
+
+    def _note(self, events: list[dict[str, Any]]) -> None:
+        if self.first_content is None and any(e["type"].endswith(".delta") for e in events):
+            self.first_content = self.deps.monotonic()
+            self.deps.metrics.first_content.observe(self.first_content - self.started)
+        last = events[-1] if events else None
+        if last is not None and last["type"] in _TERMINAL:
+            self.snapshot = last["response"]
+
+
+_TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
+#: After the finish frame upstream still sends the usage frame and `[DONE]` (at once, in
+#: trtllm-serve's generator). Reading them, within these bounds, lets httpx put the connection
+#: back into its pool; closing a response with unread body closes the connection instead, and
+#: every request paid a new TCP connection to upstream (found by bench/latency.py, issue 7).
+_RELEASE_SECONDS = 0.1
+_RELEASE_FRAMES = 4
+
+
+async def _release(frames: Frames) -> None:
+    """Read the rest of a finished upstream stream (bounded) so its connection can be reused.
+    The client already has its terminal event; only the end of its body waits for this.
+    Whatever goes wrong here only means the connection is closed instead."""
+    try:
+        async with asyncio.timeout(_RELEASE_SECONDS):
+            count = 0
+            async for _ in frames:
+                count += 1
+                if count > _RELEASE_FRAMES:
+                    return
+    except (TimeoutError, FrameError):
+        return

@@ -1,0 +1,2 @@
+"""Serving processes: uvicorn with the drain, the supervisor of worker processes, their metrics
+(issues 12, 17)."""
