@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import metadata
@@ -35,7 +34,6 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.types import Receive, Scope, Send
 
-from proxy import vocab
 from proxy.config import Settings
 from proxy.errors import ClientError, ProxyError, UnavailableError
 from proxy.harmony.parser import TokenTable
@@ -49,7 +47,7 @@ from proxy.server import asgi, passthrough
 from proxy.server.deps import RepairDeps, ServerState
 from proxy.server.http.budget import BodyBudget, discard_body, read_body
 from proxy.server.http.forwarding import ForwardingMiddleware
-from proxy.server.rendering.pool import InlineRenderer, Renderer, RenderPool
+from proxy.server.rendering.pool import Renderer, default_renderer
 from proxy.server.rendering.worker import RenderOptions
 from proxy.server.repair import serve_repaired
 from proxy.server.stateful import conversations_api, responses_api
@@ -132,7 +130,7 @@ def create_app(
     prefixes = PrefixCache(encoding)
     if renderer is None:
         options = RenderOptions(reasoning_keys, settings.max_prompt_tokens)
-        renderer = _renderer(settings, encoding, prefixes, options, metrics, log)
+        renderer = default_renderer(settings, encoding, prefixes, options, metrics, log)
     budget = BodyBudget(settings.body_budget_bytes, settings.body_budget_wait)
     stateful = None
     if store is not None or settings.store_url != OFF:
@@ -242,7 +240,7 @@ def create_app(
                 "the proxy is shutting down; retry on another replica",
                 code="server_shutting_down",
             )
-            if _body_coming(scope):
+            if asgi.body_coming(scope):
                 await discard_body(inbound, settings.max_body_bytes)
             await _reject(send, error, request_id, started, close=True)
             return
@@ -256,8 +254,8 @@ def create_app(
                 metrics.disconnects.labels("before_upstream").inc()
                 return
             except (ClientError, UnavailableError) as error:
-                close = error.status == 413 and not _body_coming(scope)
-                if isinstance(error, UnavailableError) and _body_coming(scope):
+                close = error.status == 413 and not asgi.body_coming(scope)
+                if isinstance(error, UnavailableError) and asgi.body_coming(scope):
                     hold.release()
                     await discard_body(inbound, settings.max_body_bytes)
                 await _reject(send, error, request_id, started, close=close)
@@ -389,43 +387,3 @@ def create_app(
     app.state.registry = registry
     app.state.renderer = renderer
     return app
-
-
-def _body_coming(scope: Scope) -> bool:
-    """Whether the client is sending a body we have not read. Refused before reading it, a
-    connection is closed only when none is on its way (`Expect: 100-continue` waits for our
-    word; no body at all): closing on unread bytes resets the connection, and the client may
-    lose our answer. Otherwise uvicorn reads and drops the rest of the body."""
-    length = None
-    for name, value in scope["headers"]:
-        if name == b"expect" and value.lower() == b"100-continue":
-            return False
-        if name == b"transfer-encoding":
-            return True
-        if name == b"content-length":
-            length = value
-    return length is not None and length.strip() != b"0"
-
-
-def _renderer(
-    settings: Settings,
-    encoding: HarmonyEncoding,
-    prefixes: PrefixCache,
-    options: RenderOptions,
-    metrics: Metrics,
-    log: Callable[..., None],
-) -> Renderer:
-    """The default renderer: `render_workers` processes, loading the vocab this process loaded."""
-    if settings.render_workers == 0:
-        return InlineRenderer(encoding, prefixes, options)
-    return RenderPool(
-        encoding,
-        vocab.loaded_dir(os.environ),
-        workers=settings.render_workers,
-        timeout=settings.render_timeout,
-        queue=settings.render_queue,
-        prefixes=prefixes,
-        options=options,
-        log=log,
-        on_render=lambda path, outcome: metrics.renders.labels(path, outcome).inc(),
-    )

@@ -226,3 +226,19 @@ async def run_until_disconnect(inbound: Inbound, work: Awaitable[None]) -> bool:
     with contextlib.suppress(asyncio.CancelledError, OSError, ClientDisconnected):
         await task
     return True
+
+
+def body_coming(scope: Scope) -> bool:
+    """Whether the client is sending a body we have not read. Refused before reading it, a
+    connection is closed only when none is on its way (`Expect: 100-continue` waits for our
+    word; no body at all): closing on unread bytes resets the connection, and the client may
+    lose our answer. Otherwise uvicorn reads and drops the rest of the body."""
+    length = None
+    for name, value in scope["headers"]:
+        if name == b"expect" and value.lower() == b"100-continue":
+            return False
+        if name == b"transfer-encoding":
+            return True
+        if name == b"content-length":
+            length = value
+    return length is not None and length.strip() != b"0"

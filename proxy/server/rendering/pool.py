@@ -29,19 +29,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 from openai_harmony import HarmonyEncoding
 
+from proxy import vocab
+from proxy.config import Settings
 from proxy.errors import ClientError, ProxyError
 from proxy.harmony.request import PreparedRequest
 from proxy.harmony.request_prefix import PrefixCache
 from proxy.server.rendering import worker as wire
 from proxy.server.rendering.worker import RenderOptions
+
+if TYPE_CHECKING:
+    from proxy.metrics import Metrics
 
 #: Fast-path bounds, measured with bench/render_cost.py (BENCHMARKS.md, section 6): the
 #: costliest body within all three renders in ~1.5 ms; a worker round trip costs ~0.2-0.4 ms.
@@ -368,3 +374,27 @@ def _retrieve(task: asyncio.Task[Any]) -> None:
     """Mark a shielded exchange's outcome as seen when its caller has gone."""
     if not task.cancelled():
         task.exception()
+
+
+def default_renderer(
+    settings: Settings,
+    encoding: HarmonyEncoding,
+    prefixes: PrefixCache,
+    options: RenderOptions,
+    metrics: Metrics,
+    log: Callable[..., None],
+) -> Renderer:
+    """The default renderer: `render_workers` processes, loading the vocab this process loaded."""
+    if settings.render_workers == 0:
+        return InlineRenderer(encoding, prefixes, options)
+    return RenderPool(
+        encoding,
+        vocab.loaded_dir(os.environ),
+        workers=settings.render_workers,
+        timeout=settings.render_timeout,
+        queue=settings.render_queue,
+        prefixes=prefixes,
+        options=options,
+        log=log,
+        on_render=lambda path, outcome: metrics.renders.labels(path, outcome).inc(),
+    )
