@@ -5,20 +5,18 @@ emits, error kinds); models only from the configured `metrics_models` list, othe
 Never ids, text or client-supplied strings.
 
 With worker processes (issue 17) every process writes its values to prometheus_client's
-multiprocess files (proxy/server/processes/multiproc.py) and `/metrics` reads them all: counters and
-histograms are summed; each gauge says how its values combine (`multiprocess_mode`, ignored in
-a single process): what a process holds is summed over the live ones (`livesum`), a condition
+multiprocess files (proxy/server/processes/multiproc.py) and `/metrics` reads them all: counters
+and histograms are summed; each gauge says how its values combine (`multiprocess_mode`, ignored
+in a single process): what a process holds is summed over the live ones (`livesum`), a condition
 of the whole proxy is the worst live process's (`livemin` for "ready", `livemax` for
 "draining"), and what every process reads from one shared source is the same anywhere
-(`livemax`). No gauge is read at scrape time (`set_function`): a scrape answered by one
-process would never see another's.
+(`livemax`). No gauge is read at scrape time (`set_function`): a scrape answered by one process
+would never see another's.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Iterable
-from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -89,52 +87,6 @@ _TOKENS_PER_FRAME = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64, 128
 #: The response store's calls (proxy/store/measured.py) and what its writer drops.
 STORE_OPS = ("apply", "get", "read_log", "wait_log", "resolve", "signals", "sweep", "stats", "ping")
 STORE_EVICTIONS = ("size", "ttl")
-
-
-#: Observations a `HistogramBatch` holds before adding them (a few seconds of one stream).
-BATCH_FRAMES: Final = 64
-
-
-class HistogramBatch:
-    """One stream's observations of a histogram, added to it in batches (`flush`).
-
-    prometheus_client's `observe` takes a lock per bucket and sum it touches, ~2 µs, and the
-    proxy observes two histograms per upstream frame (issue 17: "the metrics calls per
-    frame"). Here an observation is a bisection and two additions; every `BATCH_FRAMES`
-    observations, and when the stream ends, the counts go to the histogram at once. That uses
-    the histogram's bucket values (`_upper_bounds`, `_buckets`, `_sum`, prometheus_client
-    0.26, multiprocess values included); `tests/test_metrics_batch.py` holds it to `observe`.
-    """
-
-    __slots__ = ("_bounds", "_counts", "_histogram", "_pending", "_sum")
-
-    def __init__(self, histogram: Histogram) -> None:
-        self._histogram = histogram
-        self._bounds: list[float] = histogram._upper_bounds  # ends in +Inf
-        self._counts = [0] * len(self._bounds)
-        self._sum = 0.0
-        self._pending = 0
-
-    def observe(self, value: float) -> None:
-        self._counts[bisect_left(self._bounds, value)] += 1  # the first bound >= value
-        self._sum += value
-        self._pending += 1
-        if self._pending >= BATCH_FRAMES:
-            self.flush()
-
-    def flush(self) -> None:
-        """Add what was observed since the last flush to the histogram."""
-        if not self._pending:
-            return
-        buckets = self._histogram._buckets
-        counts = self._counts
-        for index, count in enumerate(counts):
-            if count:
-                buckets[index].inc(count)
-                counts[index] = 0
-        self._histogram._sum.inc(self._sum)
-        self._sum = 0.0
-        self._pending = 0
 
 
 class Metrics:

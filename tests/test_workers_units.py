@@ -261,7 +261,8 @@ def test_every_gauge_says_how_workers_combine() -> None:
 _OBSERVER = """
 import sys
 from prometheus_client import CollectorRegistry
-from proxy.metrics import HistogramBatch, Metrics
+from proxy.metrics import Metrics
+from proxy.metrics_batch import HistogramBatch
 from proxy.server.processes import multiproc
 multiproc.check_active()
 metrics = Metrics(CollectorRegistry())
@@ -309,7 +310,7 @@ def _frame_histogram(values: list[float]) -> dict[str, float]:
 
 
 def test_batched_histograms_reach_the_files_and_sum_over_workers(tmp_path: Path) -> None:
-    """Issue 17: the frame histograms are added in batches (metrics.HistogramBatch) straight
+    """Issue 17: the frame histograms are added in batches (metrics_batch.HistogramBatch) straight
     to the histogram's values, which in a worker are memory-mapped files; a scrape sums every
     process's files into what one process observing everything would export."""
     import os

@@ -24,7 +24,7 @@ from proxy.errors import UpstreamError
 from proxy.harmony.request import PreparedRequest
 from proxy.harmony.response import ResponseContext
 from proxy.harmony.stream import ResponseStream
-from proxy.metrics import HistogramBatch
+from proxy.metrics_batch import HistogramBatch
 from proxy.server import asgi
 from proxy.server.deadline import Deadline
 from proxy.server.deps import SHUTTING_DOWN, RepairDeps, until_drained
@@ -183,7 +183,7 @@ class Exchange:
         `asyncio.wait` per frame. The drain's end expires the current wait at once."""
         deps, settings, core = self.deps, self.deps.settings, self.core
         state = deps.state
-        # Two histograms per frame, observed in batches (metrics.HistogramBatch, issue 17).
+        # Two histograms per frame, observed in batches (metrics_batch.HistogramBatch, issue 17).
         overhead = HistogramBatch(deps.metrics.frame_overhead)
         frame_tokens = HistogramBatch(deps.metrics.tokens_per_frame)
         # One lazily re-armed timer for all the waits, not an `asyncio.timeout` per frame
