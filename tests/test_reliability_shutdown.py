@@ -153,6 +153,25 @@ def test_sigterm_drain_answers_every_request_and_exits_in_time(
         answer = await http.post(proxy.url + "/v1/responses", json=body("Hi"))
         return answer, time.monotonic()
 
+    streaming = asyncio.Event()
+
+    async def passthrough_stream(http: httpx.AsyncClient) -> tuple[str, float, int]:
+        """A pass-through SSE answer of ~100 s: cut at the drain's end, never completed."""
+        received = 0
+        try:
+            async with http.stream("GET", proxy.url + "/sse?count=1000&pause=0.1") as answer:
+                assert answer.status_code == 200
+                async for chunk in answer.aiter_bytes():
+                    received += len(chunk)
+                    streaming.set()
+        except httpx.RemoteProtocolError as cut:
+            return str(cut), time.monotonic(), received
+        return "complete", time.monotonic(), received
+
+    async def passthrough_waiter(http: httpx.AsyncClient) -> tuple[httpx.Response, float]:
+        answer = await http.get(proxy.url + "/stall")  # upstream never sends its head
+        return answer, time.monotonic()
+
     async def run() -> tuple[list[tuple[httpx.Response, float]], float, dict[str, Any]]:
         async with httpx.AsyncClient(timeout=30) as http:
             tasks = []
@@ -161,6 +180,14 @@ def test_sigterm_drain_answers_every_request_and_exits_in_time(
                 async with asyncio.timeout(10):
                     while len(upstream.completions()) <= number:
                         await asyncio.sleep(0.01)
+            passing = [
+                asyncio.ensure_future(passthrough_stream(http)),
+                asyncio.ensure_future(passthrough_waiter(http)),
+            ]
+            async with asyncio.timeout(10):
+                await streaming.wait()
+                while not any(seen.path == "/stall" for seen in upstream.seen):
+                    await asyncio.sleep(0.01)
             await asyncio.sleep(0.1)
             proxy.popen.send_signal(signal.SIGTERM)
             signalled = time.monotonic()
@@ -170,6 +197,8 @@ def test_sigterm_drain_answers_every_request_and_exits_in_time(
                 "readyz": await asyncio.to_thread(_get, proxy.url + "/readyz"),
                 "new": await http.post(proxy.url + "/v1/responses", json=body("Late")),
             }
+            stream_end, stall_end = await asyncio.gather(*passing)
+            during["passthrough"] = (stream_end, stall_end)
             return list(await asyncio.gather(*tasks)), signalled, during
 
     try:
@@ -202,6 +231,15 @@ def test_sigterm_drain_answers_every_request_and_exits_in_time(
         assert answer.json()["error"]["code"] == "server_shutting_down"
         assert drain - 0.3 <= ended - signalled <= drain + 1.0
     assert drain - 0.3 <= long_ended - signalled <= drain + 1.0
+    # pass-through at the drain's end (issue 12): a waiter gets the JSON 503, a stream is cut
+    # where its client sees it — never left for uvicorn to cancel ("Cancel N running task(s)")
+    (outcome, cut_at, received), (stalled, stall_ended) = during["passthrough"]
+    assert outcome != "complete", outcome
+    assert received > 0
+    assert drain - 0.3 <= cut_at - signalled <= drain + 1.0
+    assert stalled.status_code == 503, stalled.text[:300]
+    assert stalled.json()["error"]["code"] == "server_shutting_down"
+    assert drain - 0.3 <= stall_ended - signalled <= drain + 1.0
     # the process: gone within drain_timeout + 2 s, exit status 0, nothing logged as an error
     print(
         f"\ndrain {drain} s: long stream ended {long_ended - signalled:.2f} s, waiters "

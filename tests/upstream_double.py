@@ -142,7 +142,12 @@ class UpstreamDouble:
                 if self.capable:
                     choice["token_ids"] = [200005]
                 await _json(send, 200, {"id": "cmpl-p", "choices": [choice]})
+        elif path == "/stall":  # a head that never comes (within any test)
+            await asyncio.sleep(60)
+            await _json(send, 200, {})
         elif path == "/sse":
+            options = dict(_query(seen.query))
+            count, pause = int(options.get("count", "3")), float(options.get("pause", "0.2"))
             await send(
                 {
                     "type": "http.response.start",
@@ -150,7 +155,7 @@ class UpstreamDouble:
                     "headers": [(b"content-type", b"text/event-stream")],
                 }
             )
-            for number in range(3):
+            for number in range(count):
                 await send(
                     {
                         "type": "http.response.body",
@@ -158,7 +163,7 @@ class UpstreamDouble:
                         "more_body": True,
                     }
                 )
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(pause)
             await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
         else:  # echo what arrived
             await _json(

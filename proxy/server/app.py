@@ -319,6 +319,7 @@ def create_app(
             monotonic=monotonic,
             body=body,
             path_prefix_strip=strip,
+            state=state,
         )
 
     async def everything_else(scope: Scope, receive: Receive, send: Send) -> None:

@@ -16,6 +16,7 @@ from starlette.types import Scope, Send
 from proxy.errors import ProxyError, UpstreamError
 from proxy.metrics import CLIENT_TIMEOUT, Metrics
 from proxy.server import asgi
+from proxy.server.deps import ServerState, until_drained
 from proxy.upstream.client import Upstream, end_to_end
 from proxy.upstream.stream import MalformedResponseError, Response, StreamError
 
@@ -74,6 +75,7 @@ async def forward(
     monotonic: Callable[[], float],
     body: bytes | None = None,
     path_prefix_strip: str = "",
+    state: ServerState | None = None,
 ) -> None:
     """Pass one request through; `body` when it was already read (a /v1/responses we skip).
 
@@ -84,6 +86,11 @@ async def forward(
     response (`asgi.ResponseAborted`: the client's connection closes short of the end, never a
     clean end that hides the loss). Either way: this request's one log line and one count in
     `proxy_upstream_errors_total`.
+
+    With `state`, the drain's end (issue 12, item 4) ends it as it ends a repaired request: a
+    JSON 503 `server_shutting_down` while upstream's head has not come, an abort after it (the
+    client sees the cut); logged, never counted as upstream's fault, and never left for
+    uvicorn to cancel.
     """
     target = target_of(scope, path_prefix_strip)
     headers = [
@@ -124,22 +131,20 @@ async def forward(
 
     disconnected = False
     error: str | None = None
+    work = asgi.run_until_disconnect(inbound, relay())
     try:
-        disconnected = await asgi.run_until_disconnect(inbound, relay())
+        disconnected = await (work if state is None else until_drained(state, work))
     except _Cut as cut:
         error = cut.kind
         metrics.upstream_errors.labels(cut.kind).inc()
         if cut.timeout is not None:
             metrics.timeouts.labels(cut.timeout).inc()
-    except ProxyError as failure:  # before our head: a JSON error
-        status = failure.status
-        error = failure.code or failure.error_type
-        if isinstance(failure, UpstreamError):
-            kind = "timeout" if failure.code == "upstream_timeout" else error
-            metrics.upstream_errors.labels(kind).inc()
-            if kind == "timeout":
-                metrics.timeouts.labels("first_byte").inc()
-        await asgi.send_error(send, failure, [(b"x-request-id", request_id.encode())])
+    except ProxyError as failure:
+        if head_sent:  # only the drain's end comes after our head: the client sees the cut
+            error = failure.code or failure.error_type
+        else:  # before our head: a JSON error
+            error = await _refuse(send, failure, metrics, request_id)
+            status = failure.status
     except asgi.ClientDisconnected:
         disconnected = True
     except asgi.SendTimeout:
@@ -186,3 +191,15 @@ async def _relay_body(answer: Response, send: Send, first: float, idle: float) -
         await send({"type": "http.response.body", "body": data, "more_body": True})
         wait, stall = idle, "idle"
     await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _refuse(send: Send, failure: ProxyError, metrics: Metrics, request_id: str) -> str:
+    """Answer a failure before our head as JSON; count it when it is upstream's (issue 12)."""
+    error = failure.code or failure.error_type
+    if isinstance(failure, UpstreamError):
+        kind = "timeout" if failure.code == "upstream_timeout" else error
+        metrics.upstream_errors.labels(kind).inc()
+        if kind == "timeout":
+            metrics.timeouts.labels("first_byte").inc()
+    await asgi.send_error(send, failure, [(b"x-request-id", request_id.encode())])
+    return error
