@@ -12,14 +12,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import fnmatch
-import ipaddress
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
+from proxy import config_values as values
 from proxy.harmony.reasoning_seal import parse_keys
 from proxy.store import check_store_url
 
@@ -29,108 +28,6 @@ CONFIG_ENV = "PROXY_CONFIG"
 
 class ConfigError(ValueError):
     """A setting has a bad value; the message names the setting, its source and the value."""
-
-
-def _url(value: str) -> str:
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError("must be an http(s) URL such as http://127.0.0.1:8000")
-    return value.rstrip("/")
-
-
-def _positive_float(value: str) -> float:
-    number = float(value)
-    if not number > 0:
-        raise ValueError("must be a number of seconds above 0")
-    return number
-
-
-def _non_negative_float(value: str) -> float:
-    number = float(value)
-    if not number >= 0:
-        raise ValueError("must be a number of seconds, 0 or more")
-    return number
-
-
-def _non_negative_int(value: str) -> int:
-    number = int(value)
-    if number < 0:
-        raise ValueError("must be 0 or more")
-    return number
-
-
-def _positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise ValueError("must be 1 or more")
-    return number
-
-
-def _workers(value: str) -> int:
-    if value.strip().lower() == "auto":
-        return 0  # resolved at start (proxy/server/processes/cpus.py)
-    number = int(value)
-    if number < 0:
-        raise ValueError("must be a number of processes, or auto")
-    return number
-
-
-def _addresses(value: str) -> tuple[str, ...]:
-    entries = tuple(part.strip() for part in value.split(",") if part.strip())
-    for entry in entries:
-        if entry == "*":
-            continue
-        try:
-            ipaddress.ip_network(entry, strict=False)
-        except ValueError:
-            raise ValueError(
-                f"{entry[:100]!r} is not an IP address or CIDR block (or * for any peer)"
-            ) from None
-    return entries
-
-
-def _port(value: str) -> int:
-    number = int(value)
-    if not 0 <= number <= 65535:
-        raise ValueError("must be a port number 0-65535 (0 picks a free port)")
-    return number
-
-
-def _bool(value: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ValueError("must be true or false")
-
-
-def _globs(value: str) -> tuple[str, ...]:
-    globs = tuple(part.strip() for part in value.split(",") if part.strip())
-    if not globs:
-        raise ValueError("must list at least one model name or glob (use * for all)")
-    return globs
-
-
-def _names(value: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in value.split(",") if part.strip())
-
-
-def _header_name(value: str) -> str:
-    name = value.strip().lower()
-    if not name or any(c.isspace() or c in ':()<>@,;\\"/[]?={}' for c in name):
-        raise ValueError("must be an HTTP header name such as authorization or x-api-key")
-    return name
-
-
-def _choice(*choices: str) -> Callable[[str], str]:
-    def parse(value: str) -> str:
-        if value not in choices:
-            raise ValueError(f"must be one of {', '.join(choices)}")
-        return value
-
-    parse.__name__ = "one of " + "|".join(choices)
-    return parse
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,93 +51,93 @@ class Field:
 
 # fmt: off
 FIELDS: tuple[Field, ...] = (
-    Field("upstream_url", _url, None,
+    Field("upstream_url", values.url, None,
           "trtllm-serve base URL, e.g. http://127.0.0.1:8000; unset: run the built-in simulator",
           ("--upstream",)),
     Field("host", str, "0.0.0.0", "address to listen on"),
-    Field("port", _port, 8080, "port to listen on"),
-    Field("metrics_port", _port, None,
+    Field("port", values.port, 8080, "port to listen on"),
+    Field("metrics_port", values.port, None,
           "serve /metrics on this port as well (unset: only on the main port)"),
-    Field("workers", _workers, 1,
+    Field("workers", values.workers, 1,
           "proxy processes serving the port, each on its own core (issue 17); auto (or 0): "
           "the CPUs this process may use, its affinity and cgroup CPU limit included"),
-    Field("repair_models", _globs, ("*",),
+    Field("repair_models", values.globs, ("*",),
           "comma-separated model names or globs whose /v1/responses is repaired; "
           "others pass through"),
-    Field("connect_timeout", _positive_float, 5.0, "seconds to connect to upstream"),
-    Field("first_token_timeout", _positive_float, 300.0,
+    Field("connect_timeout", values.positive_float, 5.0, "seconds to connect to upstream"),
+    Field("first_token_timeout", values.positive_float, 300.0,
           "seconds from the request to upstream's first token "
           "(prefill of long prompts under load)"),
-    Field("idle_timeout", _positive_float, 120.0,
+    Field("idle_timeout", values.positive_float, 120.0,
           "seconds allowed between two upstream tokens once they flow (frames without tokens "
           "do not count); in pass-through, between two reads of upstream's body"),
-    Field("send_timeout", _positive_float, 60.0,
+    Field("send_timeout", values.positive_float, 60.0,
           "seconds a client may accept nothing (not reading) before its stream is dropped "
           "and its upstream request released"),
-    Field("keepalive_interval", _positive_float, 15.0,
+    Field("keepalive_interval", values.positive_float, 15.0,
           "seconds of silence after which a `: keepalive` SSE comment is sent"),
-    Field("drain_timeout", _positive_float, 30.0,
+    Field("drain_timeout", values.positive_float, 30.0,
           "on SIGTERM, seconds in-flight streams may take to finish before they are failed"),
-    Field("drain_linger", _non_negative_float, 1.0,
+    Field("drain_linger", values.non_negative_float, 1.0,
           "on SIGTERM, seconds the listener stays open at least (probes and new requests get "
           "503) even when nothing is in flight; it closes at drain_timeout at the latest"),
-    Field("render_workers", _non_negative_int, 1,
+    Field("render_workers", values.non_negative_int, 1,
           "processes that validate and render /v1/responses requests off the event loop "
           "(0: render on the event loop, the old behaviour)"),
-    Field("render_timeout", _positive_float, 20.0,
+    Field("render_timeout", values.positive_float, 20.0,
           "seconds a request may take to render (400 above it, the worker is replaced), and "
           "wait for a free render worker (429 above it)"),
-    Field("render_queue", _positive_int, 32,
+    Field("render_queue", values.positive_int, 32,
           "requests that may wait for a render worker at once; more get 429 with Retry-After"),
-    Field("body_budget_bytes", _non_negative_int, 64 * 1024 * 1024,
+    Field("body_budget_bytes", values.non_negative_int, 64 * 1024 * 1024,
           "request body bytes read and rendered at once, over all requests (0: no budget)"),
-    Field("body_budget_wait", _non_negative_float, 5.0,
+    Field("body_budget_wait", values.non_negative_float, 5.0,
           "seconds a request waits for room in body_budget_bytes before a 503 with Retry-After"),
-    Field("max_body_bytes", _non_negative_int, 16 * 1024 * 1024,
+    Field("max_body_bytes", values.non_negative_int, 16 * 1024 * 1024,
           "largest request body accepted (413 above it)"),
-    Field("max_prompt_tokens", _positive_int, 131_072,
+    Field("max_prompt_tokens", values.positive_int, 131_072,
           "the model's context in tokens (gpt-oss: 131072): prompt + max_output_tokens above "
           "it is a 400, or with truncation 'auto' the oldest input items are dropped to fit"),
-    Field("max_concurrent_streams", _non_negative_int, 0,
+    Field("max_concurrent_streams", values.non_negative_int, 0,
           "repaired requests served at once; more get 429 with Retry-After (0: no limit)"),
     # HTTP server limits on the client side (issue 12; nginx/Envoy semantics,
     # proxy/server/http/guard.py)
-    Field("max_header_bytes", _positive_int, 64 * 1024,
+    Field("max_header_bytes", values.positive_int, 64 * 1024,
           "largest request head (request target and header lines) accepted; 431 above it"),
-    Field("max_headers", _positive_int, 100,
+    Field("max_headers", values.positive_int, 100,
           "most header lines a request may have; 431 above it"),
-    Field("header_timeout", _positive_float, 10.0,
+    Field("header_timeout", values.positive_float, 10.0,
           "seconds a client may take to send a whole request head (from its first byte, or "
           "from connecting); then 408 and close (slowloris)"),
-    Field("body_timeout", _positive_float, 30.0,
+    Field("body_timeout", values.positive_float, 30.0,
           "seconds a request body may pause; after its first body_timeout seconds it must "
           "also average body_min_rate; else 408"),
-    Field("body_min_rate", _non_negative_int, 1024,
+    Field("body_min_rate", values.non_negative_int, 1024,
           "bytes per second a request body must average once it took body_timeout seconds "
           "(0: no minimum)"),
-    Field("keepalive_timeout", _positive_float, 75.0,
+    Field("keepalive_timeout", values.positive_float, 75.0,
           "seconds an idle keep-alive client connection stays open (above the 5 s of "
           "common client pools, so the client closes first)"),
-    Field("max_connections", _non_negative_int, 2048,
+    Field("max_connections", values.non_negative_int, 2048,
           "open client connections; over it the longest-idle keep-alive connection is closed, "
           "or without one the new connection gets 503 (0: no cap; lowered to fit the "
           "open-file limit)"),
-    Field("trusted_proxies", _addresses, (),
+    Field("trusted_proxies", values.addresses, (),
           "comma-separated IPs or CIDR blocks of proxies in front of this one: their "
           "X-Forwarded-For chain is appended to and names the client; from other peers "
           "forwarding headers are replaced"),
-    Field("passthrough_when_incapable", _bool, False,
+    Field("passthrough_when_incapable", values.boolean, False,
           "when upstream cannot return token ids, pass /v1/responses through unrepaired "
           "instead of answering 502"),
-    Field("delta_mode", _choice("coalesce", "per_token"), "coalesce",
+    Field("delta_mode", values.choice("coalesce", "per_token"), "coalesce",
           "coalesce: one delta event per item per upstream frame; per_token: one per token"),
-    Field("metrics_models", _names, (),
+    Field("metrics_models", values.names, (),
           "model names allowed as metric label values (others are counted as 'other')"),
-    Field("event_loop", _choice("auto", "uvloop", "asyncio"), "auto",
+    Field("event_loop", values.choice("auto", "uvloop", "asyncio"), "auto",
           "auto: uvloop when installed (it is in the pinned set), else asyncio's own loop"),
-    Field("log_level", _choice("debug", "info", "warning", "error"), "info", "log level"),
-    Field("log_format", _choice("json", "text"), "json", "one JSON object per line, or text"),
-    Field("log_content", _bool, False,
+    Field("log_level", values.choice("debug", "info", "warning", "error"), "info", "log level"),
+    Field("log_format", values.choice("json", "text"), "json", "one JSON object per line, or text"),
+    Field("log_content", values.boolean, False,
           "debug only: log prompts and outputs (never enable in production)"),
     Field("reasoning_keys", parse_keys, (),
           "AES-256-GCM keys for include reasoning.encrypted_content, ID:BASE64 comma-separated, "
@@ -254,19 +151,19 @@ FIELDS: tuple[Field, ...] = (
           "memory:// (tests), or off"),
     Field("data_dir", str, "data",
           "directory of the embedded store (a volume in the deploy files)"),
-    Field("store_ttl", _positive_float, 30 * 24 * 3600.0,
+    Field("store_ttl", values.positive_float, 30 * 24 * 3600.0,
           "seconds a stored response is kept (OpenAI keeps them 30 days)"),
-    Field("store_max_bytes", _non_negative_int, 1024**3,
+    Field("store_max_bytes", values.non_negative_int, 1024**3,
           "bytes the store may hold; past it the oldest responses are evicted (0: no bound)"),
-    Field("store_scope_header", _header_name, "authorization",
+    Field("store_scope_header", values.header_name, "authorization",
           "request header whose value (hashed) scopes stored responses: a response is visible "
           "only to requests with the same value (Authorization: its bearer token)"),
-    Field("store_timeout", _positive_float, 5.0,
+    Field("store_timeout", values.positive_float, 5.0,
           "seconds a request waits for the store before answering 503 (a foreground stream "
           "never waits longer than this for its last write, and never fails for it)"),
-    Field("simulator_stream_interval", _positive_int, 20,
+    Field("simulator_stream_interval", values.positive_int, 20,
           "built-in simulator: tokens per engine output after the first (trtllm stream_interval)"),
-    Field("simulator_token_seconds", _non_negative_float, 0.01,
+    Field("simulator_token_seconds", values.non_negative_float, 0.01,
           "built-in simulator: seconds per generated token"),
 )
 # fmt: on
