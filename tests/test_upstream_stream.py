@@ -17,8 +17,9 @@ import pytest
 import trustme
 
 from proxy.errors import ClientError, UpstreamError
-from proxy.upstream.client import MAX_FRAME_BYTES, Upstream
+from proxy.upstream.client import Upstream
 from proxy.upstream.completions import FrameError
+from proxy.upstream.frames import MAX_FRAME_BYTES
 from proxy.upstream.stream import (
     HIGH_WATER,
     ConnectError,

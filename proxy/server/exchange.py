@@ -29,8 +29,8 @@ from proxy.server import asgi
 from proxy.server.deadline import Deadline
 from proxy.server.deps import SHUTTING_DOWN, RepairDeps, until_drained
 from proxy.server.selfcheck import SelfCheck
-from proxy.upstream.client import Frames
 from proxy.upstream.completions import FrameError
+from proxy.upstream.frames import Frames
 
 if TYPE_CHECKING:
     from proxy.server.stateful.recording import Recorder

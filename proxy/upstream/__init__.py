@@ -5,4 +5,5 @@ stream.py       the lean HTTP/1.1 client of completion streams and pass-through,
 connection.py   one upstream connection (an asyncio.Protocol) and the client's errors
 http1.py        sans-IO HTTP/1.1 for stream.py: llhttp (httptools) reads responses; requests written
 completions.py  one `/v1/completions` SSE frame → `Frame` (token ids, finish), or `FrameError`
+frames.py       the frames of one completion stream, read one wake-up per frame
 """

@@ -16,7 +16,6 @@ so trtllm-serve stops generating (it aborts a request whose connection closed).
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -26,15 +25,13 @@ import httpx
 import orjson
 
 from proxy.errors import ClientError, UpstreamError
-from proxy.sse import Message, SSEDecoder
 from proxy.upstream.completions import (
-    Frame,
     FrameError,
     describe_error_body,
     error_message,
-    parse_frame,
     read_logprobs,
 )
+from proxy.upstream.frames import Frames
 from proxy.upstream.stream import (
     ConnectTimeout,
     MalformedResponseError,
@@ -60,8 +57,6 @@ HOP_BY_HOP = frozenset(
 )
 #: Headers of the client's request that do not describe the body we send upstream.
 _REPLACED = ("content-type", "content-length", "content-encoding", "accept", "accept-encoding")
-#: A frame larger than this is not a trtllm frame: fail instead of buffering without bound.
-MAX_FRAME_BYTES = 8 * 1024 * 1024
 #: Error bodies (a 4xx/5xx answer to /v1/completions) are read for at most this long after
 #: their head, and never past the request's own first-token deadline: a 503 whose body never
 #: ends is answered in this time, not when the timeouts of a stream run out (issue 12).
@@ -371,48 +366,3 @@ async def _error_body(response: Response, seconds: float) -> tuple[bytes, str | 
     except StreamError:
         return raw, "cut off by the connection"
     return raw, None
-
-
-class Frames:
-    """The frames of one upstream completion stream, in order (an async iterator).
-
-    Not an async generator on purpose: the shell waits for the next frame under a deadline and
-    cancels the wait when it expires (keepalive, idle timeout, shutdown). Cancelling an async
-    generator mid-`await` would end it; here a cancelled `__anext__` loses nothing (the state
-    is in the object, bytes are taken from the connection only once they are here) and the
-    next call goes on where it was. Awaiting it directly costs one event-loop wake-up per
-    frame, where a task per wait cost three (issue 7, per-frame latency).
-    """
-
-    __slots__ = ("_decoder", "_ended", "_logprobs", "_pending", "_response")
-
-    def __init__(self, response: Response, *, logprobs: bool = False) -> None:
-        self._response = response
-        self._logprobs = logprobs  # asked for: every frame with ids must carry them
-        self._decoder = SSEDecoder()
-        self._pending: deque[Message] = deque()
-        self._ended = False
-
-    def __aiter__(self) -> Frames:
-        return self
-
-    async def __anext__(self) -> Frame:
-        pending = self._pending
-        while not pending:
-            if self._ended:
-                raise StopAsyncIteration
-            try:
-                chunk = await self._response.read()
-            except StreamError as exc:
-                raise FrameError(
-                    "upstream_disconnected",
-                    f"upstream connection broke mid-stream ({type(exc).__name__})",
-                ) from exc
-            if chunk:
-                pending.extend(self._decoder.feed(chunk))
-                if self._decoder.pending_bytes > MAX_FRAME_BYTES:
-                    raise FrameError("malformed_frame", "upstream frame exceeds 8 MiB")
-            else:
-                self._ended = True
-                pending.extend(self._decoder.flush())
-        return parse_frame(pending.popleft().data, logprobs=self._logprobs)
