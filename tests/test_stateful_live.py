@@ -15,7 +15,7 @@ import pytest
 from openai_harmony import HarmonyEncoding
 
 from proxy.harmony.request import prepare_request
-from proxy.server.stateful.state import SHARED_SCOPE, scope_of
+from proxy.server.stateful.scope import SHARED_SCOPE, scope_of
 from proxy.store.memory import MemoryStore
 from tests.agents_support import weather_agent
 from tests.stateful_support import LONG, MODEL, TOOLS, Stack, dumped, first_events, stack, until

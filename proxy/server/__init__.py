@@ -13,7 +13,7 @@ http/           what a client may send or hold (issue 12): guard.py + guard_prot
                 limits on a uvicorn protocol, pipelining), forwarding.py, budget.py (body memory)
 rendering/      rendering off the event loop (issue 12): pool.py (the Renderer seam: cheap bodies
                 inline, the rest in worker processes), worker.py (prepare_request over a pipe)
-stateful/       the stored half of the API (issues 13, 16): state.py (scopes, context, leases,
+stateful/       the stored half of the API (issues 13, 16): scope.py, state.py (context, leases,
                 housekeeping), recording.py, background.py, responses_api.py, conversations_api.py
 processes/      serving processes: runner.py (uvicorn on uvloop, the drain on SIGTERM, the metrics
                 port, the simulator), supervisor.py + worker.py (`workers` > 1 on one port,

@@ -35,7 +35,8 @@ from proxy.server import asgi
 from proxy.server.deps import RepairDeps, until_drained
 from proxy.server.exchange import Exchange
 from proxy.server.stateful.background import answer_background
-from proxy.server.stateful.state import Context, refuse_without_store, scope_of
+from proxy.server.stateful.scope import refuse_without_store, scope_of
+from proxy.server.stateful.state import Context
 
 if TYPE_CHECKING:
     pass

@@ -36,7 +36,8 @@ from proxy.harmony.request import parse_body
 from proxy.server import asgi
 from proxy.server.http.budget import BodyBudget, read_body
 from proxy.server.stateful.responses_api import error_answer, logged, query_integer
-from proxy.server.stateful.state import Stateful, scope_of
+from proxy.server.stateful.scope import scope_of
+from proxy.server.stateful.state import Stateful
 from proxy.store import Create, Delete, Push, Remove, Update
 
 if TYPE_CHECKING:

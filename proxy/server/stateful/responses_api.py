@@ -32,7 +32,8 @@ from proxy.harmony.request import parse_body
 from proxy.harmony.request_fields import check_response_id
 from proxy.harmony.stored import RUNNING, TERMINAL_EVENTS, StoredResponse, decode_events
 from proxy.server import asgi
-from proxy.server.stateful.state import Loaded, scope_of
+from proxy.server.stateful.scope import scope_of
+from proxy.server.stateful.state import Loaded
 from proxy.store import CANCEL, Delete, Op, Signal
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """The stateful half of `/v1/responses` in the shell (issue 13): who may see what, the context a
 request continues, and the store's housekeeping.
 
-- **Scope**: a response belongs to the credential that created it — a SHA-256 of the
+- **Scope** (scope.py): a response belongs to the credential that created it — a SHA-256 of the
   `Authorization` bearer token, or of the `store_scope_header` value; no credential at all is
   one shared scope. Every read is by scope: another credential gets 404, never the data.
 - **Context**: `prepare(body, scope, render)` resolves `previous_response_id` (the chain's
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -48,8 +47,6 @@ from proxy.store import Append, Entry, Lease, Op, Store, StoreError, Update
 from proxy.store.measured import Measured
 from proxy.store.writer import StoreWriter
 
-#: No credential: one scope shared by every such request.
-SHARED_SCOPE = "shared"
 #: Seconds between lease renewals of running responses, and how long a lease lasts.
 HEARTBEAT = 5.0
 LEASE_SECONDS = 3 * HEARTBEAT
@@ -57,40 +54,6 @@ SWEEP_PERIOD = 60.0
 
 #: The render seam: a body in, the prepared request out (400s as `ClientError`).
 Render = Callable[[dict[str, Any]], Awaitable[PreparedRequest]]
-
-
-def scope_of(headers: list[tuple[bytes, bytes]], header: str) -> str:
-    """The scope of a request (module docstring); `header` is lower-case."""
-    wanted = header.encode("latin-1")
-    for name, raw in headers:
-        if name.lower() != wanted:
-            continue
-        value = raw.decode("latin-1").strip()
-        if header == "authorization":
-            scheme, _, token = value.partition(" ")
-            if scheme.lower() == "bearer":
-                value = token.strip()
-        if value:
-            return hashlib.sha256(value.encode("latin-1")).hexdigest()
-    return SHARED_SCOPE
-
-
-def refuse_without_store(body: dict[str, Any]) -> None:
-    """`store_url = off`: what needs the store is a 400, never silently dropped."""
-    if body.get("background") is True:
-        raise ClientError(
-            "background responses need the response store, which is off on this proxy "
-            "(store_url = off)",
-            param="background",
-            code="unsupported_parameter",
-        )
-    for index, ref in history.references(body.get("input")):
-        raise ClientError(
-            f"Item with id '{ref[:100]}' cannot be looked up: the response store is off on "
-            "this proxy (store_url = off); send the item itself",
-            param=f"input[{index}].id",
-            code="unsupported_parameter",
-        )
 
 
 @dataclass(frozen=True, slots=True)
