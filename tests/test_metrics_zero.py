@@ -188,7 +188,11 @@ def test_upstream_error_kinds_cover_every_code() -> None:
     """`FrameError(code, …)` and `UpstreamError(…, code=…)` codes of the upstream clients and
     the repaired route, as `proxy_upstream_errors_total` counts them."""
     codes: set[str] = set()
-    for path in ("proxy/upstream/client.py", "proxy/upstream/completions.py"):
+    for path in (
+        "proxy/upstream/client.py",
+        "proxy/upstream/completions.py",
+        "proxy/upstream/frames.py",
+    ):
         for node in ast.walk(_tree(path)):
             if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
                 continue

@@ -48,8 +48,22 @@ class Workers:
         return out
 
     def ready(self) -> dict[int, int]:
-        """Worker number → pid of its latest process that said ready."""
-        return {r["worker"]: r["pid"] for r in self.records() if r["msg"] == "worker ready"}
+        """Worker number → pid of its latest process that said ready and has found upstream
+        capable: until its first probe is back, a worker answers repaired requests 503
+        `upstream_not_capable`. Each process logs "worker ready" once and its first probe's
+        "upstream capability" once, in either order; so a worker is ready when it logged the
+        second as often as the first."""
+        pids: dict[int, int] = {}
+        started: dict[int, int] = {}
+        probed: dict[int, int] = {}
+        for record in self.records():
+            worker = record.get("worker")
+            if record["msg"] == "worker ready":
+                pids[worker] = record["pid"]
+                started[worker] = started.get(worker, 0) + 1
+            elif record["msg"] == "upstream capability" and record.get("capable"):
+                probed[worker] = probed.get(worker, 0) + 1
+        return {w: pid for w, pid in pids.items() if probed.get(w, 0) >= started[w]}
 
     def worker_of(self, request_id: str, timeout: float = 5.0) -> int:
         """The worker whose log has the request line of `request_id`."""
