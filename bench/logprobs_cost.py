@@ -12,9 +12,13 @@ gets), with the recovery accounting on, as the proxy runs by default. A syntheti
 answer (one third reasoning, unicode with characters split across tokens) is fed.
 
 Rows: `off` (no include: nothing asked of upstream, frames without logprobs), `top 0` (the
-include: `logprobs: 1` upstream, no alternatives out), `top 5`, `top 20`. Columns: the median
-and p90 CPU µs per token over `--repeats` runs, CPU s per 1k tokens, the SSE bytes per token
-sent to the client, and the ratio to `off`. Run on an idle machine; quote figures from one run.
+include: `logprobs: 1` upstream, no alternatives out), `top 5`, `top 20`; and `top 5 before`,
+`top 20 before`: the same frames through the entries as they were built before they were
+ranked (upstream's order cut at N, wrong whenever the sampled token is not the most likely),
+to show what ranking the alternatives costs. Upstream's frames list the sampled token first and
+then the N best, as the simulator sends them. Columns: the median and p90 CPU µs per token over
+`--repeats` runs, CPU s per 1k tokens, the SSE bytes per token sent to the client, and the ratio
+to `off`. Run on an idle machine; quote figures from one run.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -31,6 +36,7 @@ from openai_harmony import HarmonyEncoding
 from bench import harness
 from bench.core_throughput import response_ids
 from proxy import sse
+from proxy.harmony.logprobs import Entry, Logprobs
 from proxy.harmony.parser import TokenTable
 from proxy.harmony.response import ResponseContext, random_id
 from proxy.harmony.stream import ResponseStream
@@ -43,8 +49,36 @@ PARAGRAPH = (
     "The shipment left the warehouse on Monday; tracking shows it in transit through the "
     "regional hub 🫠, delivery expected Thursday. Überprüfung läuft — 配送状況を確認中 𝔘𝔫𝔦. "
 )
-#: Row name → the request's `top_logprobs` (None: no include).
-CONFIGS = {"off": None, "top 0": 0, "top 5": 5, "top 20": 20}
+#: Row name → the request's `top_logprobs` (None: no include), and whether the entries are
+#: built as before they were ranked.
+CONFIGS = {
+    "off": (None, False),
+    "top 0": (0, False),
+    "top 5 before": (5, True),
+    "top 5": (5, False),
+    "top 20 before": (20, True),
+    "top 20": (20, False),
+}
+
+
+class InUpstreamOrder(Logprobs):
+    """The entries as they were built before the alternatives were ranked: upstream's order,
+    cut at N. Wrong (the sampled token comes first, and may push the N-th best out); measured
+    only beside the ranked ones."""
+
+    def entry(self, token: int, value: float, top: Mapping[str, float] | None) -> Entry:
+        text, data = self.token(token)
+        alternatives: list[Entry] = []
+        if top and self.top:
+            strings = self._strings
+            for alternative, logprob in top.items():
+                encoded = strings.get(alternative)
+                if encoded is None:
+                    encoded = strings[alternative] = list(alternative.encode())
+                alternatives.append({"token": alternative, "logprob": logprob, "bytes": encoded})
+                if len(alternatives) == self.top:
+                    break
+        return {"token": text, "logprob": value, "bytes": data, "top_logprobs": alternatives}
 
 
 def frames(encoding: HarmonyEncoding, ids: list[int], chunk: int, top: int | None) -> list[str]:
@@ -69,14 +103,22 @@ def frames(encoding: HarmonyEncoding, ids: list[int], chunk: int, top: int | Non
 
 
 def run_once(
-    encoding: HarmonyEncoding, table: TokenTable, data: list[str], top: int | None
+    encoding: HarmonyEncoding,
+    table: TokenTable,
+    data: list[str],
+    top: int | None,
+    before: bool = False,
 ) -> tuple[float, int]:
-    """CPU seconds for one response through the per-frame path, and the SSE bytes it wrote."""
+    """CPU seconds for one response through the per-frame path, and the SSE bytes it wrote;
+    `before`: with the entries built in upstream's order (`InUpstreamOrder`)."""
     ctx = ResponseContext(response_id="resp_bench", created_at=0.0, model="m", top_logprobs=top)
     asked = top is not None
     written = 0
     start = time.process_time()
     stream = ResponseStream(encoding, ctx, random_id, table=table)
+    if before and top is not None:
+        # The core makes its own `Logprobs`; the old entries go in its place, nothing else.
+        stream._logprobs = InUpstreamOrder(table, top)
     written += len(sse.encode_all(stream.start()))
     for payload in data:
         frame = parse_frame(payload, logprobs=asked)
@@ -98,14 +140,14 @@ def main() -> None:
     encoding = harness.encoding()
     table = TokenTable(encoding)
     ids = response_ids(encoding, args.tokens, PARAGRAPH)
-    data = {name: frames(encoding, ids, args.chunk, top) for name, top in CONFIGS.items()}
-    for name, top in CONFIGS.items():  # warm the token caches, as a running proxy has them
-        run_once(encoding, table, data[name], top)
+    data = {name: frames(encoding, ids, args.chunk, top) for name, (top, _) in CONFIGS.items()}
+    for name, (top, before) in CONFIGS.items():  # warm the caches, as a running proxy has them
+        run_once(encoding, table, data[name], top, before)
     times: dict[str, list[float]] = {name: [] for name in CONFIGS}
     sizes: dict[str, int] = {}
     for _ in range(args.repeats):  # interleaved, so drift on a shared machine hits all rows
-        for name, top in CONFIGS.items():
-            seconds, written = run_once(encoding, table, data[name], top)
+        for name, (top, before) in CONFIGS.items():
+            seconds, written = run_once(encoding, table, data[name], top, before)
             times[name].append(seconds / len(ids))
             sizes[name] = written
     base = harness.median(times["off"])

@@ -184,6 +184,9 @@ def test_logprobs_cost_measures_every_configuration() -> None:
     # The include costs bytes on the wire: more per token with more alternatives.
     sent = [int(table[name][3]) for name in ("off", "top 0", "top 5", "top 20")]
     assert sent == sorted(sent), table
+    # Beside them, the entries as built before the alternatives were ranked.
+    for name in ("top 5", "top 20"):
+        assert float(table[f"{name} before"][0]) > 0, table
 
 
 def test_workers_measures_one_and_two_workers_without_errors() -> None:

@@ -2,8 +2,10 @@
 simulator as upstream (its completions logprobs modelled on trtllm-serve's, §6).
 
 The simulator replays a known generation, so every entry can be held to what upstream sent
-for that id (`completion_frames.token_logprob` / `alternative`), at 1, 20 and uneven tokens per
-frame; the entries' bytes must be the output text's, byte for byte.
+for that id (`completion_frames.token_logprob`, and the most likely ids `ranked` at its
+position), at 1, 20 and uneven tokens per frame; the entries' bytes must be the output text's,
+byte for byte. The simulator lists each token's alternatives as upstream does (the sampled token
+first, not always the most likely one), so the entries must be re-ranked to be right.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from openai_harmony import HarmonyEncoding
 from proxy.config import Settings
 from proxy.server.app import create_app
 from proxy.simulator.app import create_simulator_app
-from proxy.simulator.completion_frames import alternative, safe_decode, token_logprob
+from proxy.simulator.completion_frames import ranked, safe_decode, sampled_rank, token_logprob
 from proxy.simulator.config import SimulatorConfig
 from proxy.store.memory import MemoryStore
 from tests.harmony import ids_of
@@ -96,16 +98,27 @@ def answer_ids(encoding: HarmonyEncoding) -> list[int]:
 
 
 def expected(encoding: HarmonyEncoding, top: int) -> list[tuple[float, list[tuple[str, float]]]]:
-    """What upstream sent for each id of the answer: its logprob, its alternatives."""
+    """For each id of the answer: its sampled logprob, and the `top` most likely of what
+    upstream sent for it, most likely first. Without two ids that decode alike that is the
+    `top` most likely tokens at its position (checked below); with them, upstream sent one
+    entry for both (the later one's value), and the sampled token may fill the place."""
     out = []
     for token in answer_ids(encoding):
-        ranked = [(safe_decode(encoding, [token]), token_logprob(token))]
-        ranked += [
-            (safe_decode(encoding, [other]), value)
-            for other, value in (alternative(token, rank) for rank in range(1, top))
-        ]
-        out.append((token_logprob(token), list(dict(ranked).items())[:top]))
+        sent = {safe_decode(encoding, [token]): token_logprob(token)}
+        sent.update((safe_decode(encoding, [other]), v) for other, v in ranked(token, top))
+        kept = sorted(sent.items(), key=lambda pair: -pair[1])[:top]
+        truth = [(safe_decode(encoding, [other]), v) for other, v in ranked(token, top)]
+        if len(dict(truth)) == len(truth):
+            assert kept == truth
+        out.append((token_logprob(token), kept))
     return out
+
+
+def test_the_answer_samples_tokens_that_are_not_the_most_likely(encoding: HarmonyEncoding) -> None:
+    """So that a proxy trusting upstream's order fails the tests below."""
+    ranks = {sampled_rank(token) for token in answer_ids(encoding)}
+    assert 0 in ranks
+    assert 3 in ranks  # outside the 3 best: upstream sends 4 keys, the sampled one first
 
 
 @pytest.mark.parametrize("framing", list(FRAMINGS))

@@ -10,7 +10,7 @@ import pytest
 from openai_harmony import HarmonyEncoding
 
 from proxy.harmony.request import prepare_request
-from proxy.simulator.completion_frames import CompletionWriter, alternative, token_logprob
+from proxy.simulator.completion_frames import CompletionWriter, ranked, token_logprob
 from proxy.simulator.completion_request import read_completion_request
 from proxy.simulator.engine import EngineOutput
 from proxy.upstream.completions import FrameError, parse_frame
@@ -101,8 +101,8 @@ def test_the_simulator_gives_k_alternatives_keyed_by_decoded_string(
     for token, top in zip(ids, logprobs["top_logprobs"], strict=True):
         first = encoding.decode([token])
         assert next(iter(top)) == first  # the sampled id first
-        assert len(top) <= 3
-        others = [encoding.decode([alternative(token, rank)[0]]) for rank in (1, 2)]
+        assert len(top) <= 4  # then the 3 best: 4 keys when the sampled id is not one of them
+        others = [encoding.decode([other]) for other, _ in ranked(token, 3)]
         assert len(top) == len({first, *others})  # equal strings collapse into one key
     # What the proxy reads back from it.
     parsed = parse_frame(

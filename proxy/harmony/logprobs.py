@@ -15,10 +15,15 @@ to the text.)
   OpenAI's chat-completions convention: each byte that is not part of a whole character is
   written as the escape `\\xNN` (what Python's `backslashreplace` gives: `b"\\xe2\\x80"` →
   `"\\\\xe2\\\\x80"`); the bytes, not the string, are what concatenates to the text.
-- `top_logprobs` alternatives are upstream's: it names them by decoded string, not by id, so
-  their `bytes` are that string's UTF-8 (a partial character decodes to U+FFFD there) and two
-  ids that decode alike are one entry upstream (`{string: logprob}` dicts): fewer than asked is
-  possible, as OpenAI's spec allows. They are kept in upstream's order, up to `top_logprobs`.
+- `top_logprobs` are the `top_logprobs` most likely of upstream's alternatives, most likely
+  first (`best`). Upstream names them by decoded string, not by id, so their `bytes` are that
+  string's UTF-8 (a partial character decodes to U+FFFD there) and two ids that decode alike
+  are one entry upstream (`{string: logprob}` dicts): fewer than asked is possible, as OpenAI's
+  spec allows. Upstream's order is not the order of likelihood: trtllm-serve lists the sampled
+  token first, then its top K (K + 1 entries when the sampled token is not among them), so
+  the entries are sorted by logprob and cut after sorting, whatever order and however many
+  entries a dict has. The token's own `logprob` is its sampled value (`token_logprobs`),
+  also when the sampled token is not among the alternatives kept.
 
 Sans-IO; one `Logprobs` per response (it caches per id what the table gives).
 """
@@ -26,11 +31,22 @@ Sans-IO; one `Logprobs` per response (it caches per id what the table gives).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from operator import itemgetter
 from typing import Any
 
 from proxy.harmony.parser import TokenTable
 
 Entry = dict[str, Any]
+
+_VALUE = itemgetter(1)
+
+
+def best(top: Mapping[str, float], count: int) -> list[tuple[str, float]]:
+    """The `count` most likely of upstream's alternatives, most likely first (module doc);
+    equal logprobs keep upstream's order. Every entry is looked at: the sampled token upstream
+    lists first may be the least likely, and the N-th best may come last."""
+    ranked = sorted(top.items(), key=_VALUE, reverse=True)
+    return ranked[:count] if len(ranked) > count else ranked
 
 
 class Logprobs:
@@ -60,18 +76,17 @@ class Logprobs:
         return len(self.token(token)[1])
 
     def entry(self, token: int, value: float, top: Mapping[str, float] | None) -> Entry:
-        """One token's entry: its text from the vocabulary, upstream's value and alternatives."""
+        """One token's entry: its text from the vocabulary, upstream's sampled value, and the
+        `top` most likely of upstream's alternatives (module doc)."""
         text, data = self.token(token)
         alternatives: list[Entry] = []
         if top and self.top:
             strings = self._strings
-            for alternative, logprob in top.items():
+            for alternative, logprob in best(top, self.top):
                 encoded = strings.get(alternative)
                 if encoded is None:
                     encoded = strings[alternative] = list(alternative.encode())
                 alternatives.append({"token": alternative, "logprob": logprob, "bytes": encoded})
-                if len(alternatives) == self.top:
-                    break
         return {"token": text, "logprob": value, "bytes": data, "top_logprobs": alternatives}
 
 

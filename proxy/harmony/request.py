@@ -166,8 +166,11 @@ def prepare_request(
         completion_body["thinking_token_budget"] = fields.thinking_token_budget
     top_logprobs = fields.top_logprobs if LOGPROBS_INCLUDE in fields.include else None
     if top_logprobs is not None:
-        # Upstream's completions give each token's own logprob only with `logprobs` ≥ 1, and
-        # its alternatives with it (trtllm-serve.md §6); without the include nothing is asked.
+        # `logprobs: N` carries the N best: trtllm-serve ranks its top N on their own and puts
+        # the sampled token in front of them, as an extra entry when it is not one of them
+        # (N + 1 entries), so the sampled token never takes one of the N places (the core sorts
+        # them, logprobs.py). At least 1: upstream gives a token's own logprob only with
+        # `logprobs` ≥ 1. Without the include nothing is asked.
         completion_body["logprobs"] = max(1, top_logprobs)
     return PreparedRequest(
         model=fields.model,

@@ -14,11 +14,19 @@ special tokens when `skip_special_tokens`.
 
 `logprobs: k` (builds from early 2026, trtllm-serve.md §6) gives, per chunk, `tokens` (each
 id decoded on its own: U+FFFD for part of a character), `token_logprobs` and `top_logprobs` —
-one `{decoded string: logprob}` dict of k alternatives per id, the sampled id first, keyed by
-string, so alternatives that decode alike collapse into one key (the last value wins, as a
-dict built from upstream's list does) — plus `text_offset`, all aligned with `token_ids`. The
-values are deterministic stand-ins (`token_logprob`, `alternative`): the simulator has no
-distribution. An older build (`logprobs=False`) returns `logprobs: null`. Sans-IO.
+one `{decoded string: logprob}` dict per id — plus `text_offset`, all aligned with `token_ids`.
+A `top_logprobs` dict is laid out as upstream's (`create_completion_logprobs` over the PyTorch
+sampler's logprobs): the sampled id first, then the k most likely ids, best first, so k + 1
+keys when the sampled id is not among the k best, k keys when it is (its second mention keeps
+its first place); keyed by decoded string, so ids that decode alike collapse into one key (the
+last value wins, the first place stays, as a dict comprehension does).
+
+The values are deterministic stand-ins with a shape that makes the layout matter: at the
+position of a sampled id `t` the most likely ids are `ranked(t, n)`, and `t` itself is only
+the `sampled_rank(t)`-th of them (0: the best; 1 to 3: a less likely token was sampled, so the
+dict's first key is not the best and, when k ≤ that rank, not one of the k best at all).
+`token_logprob(t)` is its value there. An older build (`logprobs=False`) returns
+`logprobs: null`. Sans-IO.
 """
 
 from __future__ import annotations
@@ -41,14 +49,34 @@ _MAX_SPLIT = 4
 _ORDINARY = 199_998
 
 
-def token_logprob(token: int) -> float:
-    """The simulator's logprob of a sampled id (deterministic, in (-0.5, 0))."""
+#: How many places a sampled id's rank cycles through (module doc).
+_SAMPLED_RANKS = 4
+
+
+def sampled_rank(token: int) -> int:
+    """Where the sampled id `token` stands among the most likely ids at its position (0: the
+    best), deterministic: 0 to 3, by the id."""
+    return (token // 3) % _SAMPLED_RANKS
+
+
+def _best_value(token: int) -> float:
+    """The logprob of the most likely id at the position where `token` was sampled."""
     return -0.01 * (1 + token % 50)
 
 
-def alternative(token: int, rank: int) -> tuple[int, float]:
-    """The id and logprob of the `rank`-th alternative (rank ≥ 1) to a sampled id."""
-    return (token + 7919 * rank) % _ORDINARY, token_logprob(token) - rank
+def ranked(token: int, count: int) -> list[tuple[int, float]]:
+    """The `count` most likely ids at the position where `token` was sampled and their
+    logprobs, best first (strictly decreasing); `token` is the `sampled_rank(token)`-th."""
+    sampled, best = sampled_rank(token), _best_value(token)
+    return [
+        (token if rank == sampled else (token + 7919 * (rank + 1)) % _ORDINARY, best - rank / 2)
+        for rank in range(count)
+    ]
+
+
+def token_logprob(token: int) -> float:
+    """The simulator's logprob of a sampled id (deterministic, in [-2, 0))."""
+    return _best_value(token) - sampled_rank(token) / 2
 
 
 def frame(payload: dict[str, Any]) -> bytes:
@@ -226,11 +254,11 @@ class CompletionWriter:
             self._offset += len(text)
         top = []
         for token, text, value in zip(ids, tokens, values, strict=True):
-            ranked = [(text, value)]
-            for rank in range(1, count):
-                other, logprob = alternative(token, rank)
-                ranked.append((safe_decode(encoding, [other]), logprob))
-            top.append(dict(ranked))
+            # The sampled id first, then the `count` best (module doc): a dict built from that
+            # list, as upstream's comprehension builds it.
+            listed = [(text, value)]
+            listed += [(safe_decode(encoding, [other]), lp) for other, lp in ranked(token, count)]
+            top.append(dict(listed))
         return {
             "text_offset": offsets,
             "token_logprobs": values,

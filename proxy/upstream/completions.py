@@ -8,8 +8,12 @@ Anything else is a protocol error the shell turns into `response.failed`.
 Asked for logprobs (`logprobs: N`, issue 15; trtllm-serve.md §6), a chunk's `logprobs` holds
 `token_logprobs` (one number per id of `token_ids`, in order) and `top_logprobs` (one
 `{decoded string: logprob}` per id); `tokens` (decoded strings) is not read: the proxy names
-tokens from the vocabulary by id. Missing or misaligned logprobs are a `FrameError`
-(`malformed_logprobs`): the stream fails rather than carry wrong values.
+tokens from the vocabulary by id. A `top_logprobs` dict is not in order of likelihood: upstream
+lists the sampled token first, then its top N (N + 1 keys when the sampled token is not among
+them), and ids that decode to the same string share one key. It is read as it comes, any order
+and any number of keys; the core picks and sorts the best (`proxy.harmony.logprobs.best`).
+Missing or misaligned logprobs are a `FrameError` (`malformed_logprobs`): the stream fails
+rather than carry wrong values.
 """
 
 from __future__ import annotations
