@@ -70,9 +70,8 @@ def test_the_readme_table_lists_every_create_response_field() -> None:
         ),
         ({"access_programs": {"programs": []}}, "access_programs"),
         ({"prompt": {"id": "pmpt_1"}}, "prompt"),
-        # The shell resolves these from the response store (issue 13) before rendering: one
-        # that reaches the renderer means the store is off.
-        ({"previous_response_id": "resp_1"}, "previous_response_id"),
+        # The shell resolves it from the response store before rendering: one that reaches
+        # the renderer means the store is off.
         ({"conversation": "conv_1"}, "conversation"),
     ],
 )
@@ -81,6 +80,18 @@ def test_refused_fields_are_400s_naming_them(
 ) -> None:
     error = _refused(encoding, **fields)
     assert (error.param, error.code) == (param, "unsupported_parameter")
+
+
+def test_previous_response_id_without_a_store_is_not_found(encoding: HarmonyEncoding) -> None:
+    """No store, no response to continue: OpenAI's `previous_response_not_found`, the cue a
+    client takes to send the whole conversation, which the message says too."""
+    error = _refused(encoding, previous_response_id="resp_1")
+    assert (error.param, error.code) == ("previous_response_id", "previous_response_not_found")
+    assert error.message.startswith("Previous response with id 'resp_1' not found: ")
+    assert "store_url = off" in error.message
+    malformed = _refused(encoding, previous_response_id="x" * 5000)
+    assert (malformed.param, malformed.code) == ("previous_response_id", "invalid_value")
+    assert len(malformed.message) < 300
 
 
 def test_background_needs_store(encoding: HarmonyEncoding) -> None:

@@ -66,8 +66,9 @@ def test_create_retrieve_delete(live: Stack) -> None:
     unstored = client.responses.create(model=MODEL, input="Forget me", store=False)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(unstored.id)
-    with pytest.raises(openai.NotFoundError, match="Previous response"):
+    with pytest.raises(openai.BadRequestError, match="Previous response") as unknown:
         client.responses.create(model=MODEL, input="And?", previous_response_id=unstored.id)
+    assert unknown.value.code == "previous_response_not_found"
 
 
 def test_response_ids_carry_128_random_bits(live: Stack) -> None:
@@ -92,11 +93,56 @@ def test_previous_response_id_errors_reach_no_upstream(live: Stack) -> None:
     with pytest.raises(openai.BadRequestError) as bad:
         client.responses.create(model=MODEL, input="x", previous_response_id="msg_123")
     assert bad.value.body["param"] == "previous_response_id"  # type: ignore[index]
+    assert bad.value.code == "invalid_value"
     missing = "resp_" + "0" * 31 + "9"
-    with pytest.raises(openai.NotFoundError) as unknown:
-        client.responses.create(model=MODEL, input="x", previous_response_id=missing)
-    assert unknown.value.body["message"] == f"Previous response with id '{missing}' not found."  # type: ignore[index]
+    # OpenAI's answer, which clients and other Responses servers' test suites check for: a 400
+    # naming the parameter, not a 404 (the path names no response), on every path that
+    # resolves a chain — streamed or not, background, and the input token count.
+    calls = [
+        lambda: client.responses.create(model=MODEL, input="x", previous_response_id=missing),
+        lambda: list(
+            client.responses.create(
+                model=MODEL, input="x", previous_response_id=missing, stream=True
+            )
+        ),
+        lambda: client.responses.create(
+            model=MODEL, input="x", previous_response_id=missing, background=True
+        ),
+        lambda: client.responses.input_tokens.count(
+            model=MODEL, input="x", previous_response_id=missing
+        ),
+    ]
+    for call in calls:
+        with pytest.raises(openai.BadRequestError) as unknown:
+            call()
+        assert unknown.value.status_code == 400
+        assert unknown.value.body == {  # type: ignore[comparison-overlap]
+            "message": f"Previous response with id '{missing}' not found.",
+            "type": "invalid_request_error",
+            "param": "previous_response_id",
+            "code": "previous_response_not_found",
+        }
     assert len(live.completions()) == before
+
+
+def test_a_chain_with_a_deleted_response_is_not_found(live: Stack) -> None:
+    client = live.client(max_retries=0)
+    first = client.responses.create(model=MODEL, input="One")
+    second = client.responses.create(model=MODEL, input="Two", previous_response_id=first.id)
+    client.responses.delete(first.id)
+    for call in (
+        lambda: client.responses.create(model=MODEL, input="x", previous_response_id=second.id),
+        lambda: client.responses.input_tokens.count(
+            model=MODEL, input="x", previous_response_id=second.id
+        ),
+    ):
+        with pytest.raises(openai.BadRequestError) as broken:
+            call()
+        assert broken.value.code == "previous_response_not_found"
+        assert broken.value.param == "previous_response_id"  # type: ignore[attr-defined]
+        message = broken.value.body["message"]  # type: ignore[index]
+        assert message.startswith(f"Previous response with id '{second.id}' not found: ")
+        assert first.id in message
 
 
 # -- previous_response_id: the prompt is the whole history's -------------------------------------
@@ -234,11 +280,13 @@ def test_another_credential_gets_404_for_everything(live: Stack) -> None:
         lambda: bob.responses.delete(mine.id),
         lambda: bob.responses.cancel(mine.id),
         lambda: bob.responses.input_items.list(mine.id),
-        lambda: bob.responses.create(model=MODEL, input="x", previous_response_id=mine.id),
     ]
     for call in calls:
         with pytest.raises(openai.NotFoundError):
             call()
+    with pytest.raises(openai.BadRequestError) as hidden:  # as for an id that never existed
+        bob.responses.create(model=MODEL, input="x", previous_response_id=mine.id)
+    assert hidden.value.code == "previous_response_not_found"
     assert alice.responses.retrieve(mine.id).id == mine.id  # bob's delete did nothing
 
 
@@ -544,6 +592,11 @@ def test_store_off_refuses_what_needs_it_and_passes_ids_through(
                 client.responses.create(**{"model": MODEL, "input": "x", **body})  # type: ignore[call-overload]
             assert caught.value.body["param"] == param  # type: ignore[index]
             assert "off" in caught.value.body["message"]  # type: ignore[index]
+            if param == "previous_response_id":
+                assert caught.value.code == "previous_response_not_found"
+        with pytest.raises(openai.BadRequestError) as counted:
+            client.responses.input_tokens.count(input="x", previous_response_id=created.id)
+        assert counted.value.code == "previous_response_not_found"
         # GET is upstream's business then: trtllm-serve never saw this response
         answer = httpx.get(f"{off.base_url}/responses/{created.id}")
         assert answer.status_code == 404

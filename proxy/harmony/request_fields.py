@@ -225,23 +225,35 @@ def read_fields(value: Any) -> Fields:
 
 def check_response_id(value: Any, path: str) -> str:
     """A response id as the proxy makes them (`resp_` + letters and digits), else a 400 naming
-    `path` — before any store is asked (issue 13: malformed → 400, unknown → 404)."""
+    `path` — before any store is asked (malformed → 400 `invalid_value`; unknown is a 400
+    `previous_response_not_found` for `previous_response_id`, a 404 on a response's path)."""
     text = want_str(value, path)
     if not _RESPONSE_ID.fullmatch(text):
         fail(path, value, "expected an ID that begins with 'resp_'", code="invalid_value")
     return text
 
 
+def previous_not_found(previous: str, why: str | None = None) -> ClientError:
+    """OpenAI's answer to a `previous_response_id` it cannot continue from: 400
+    `previous_response_not_found` (not a 404: the request, not its path, names it), in its
+    words; `why` says what made a well-formed id unusable. `previous` is a checked id (at most
+    101 characters)."""
+    message = f"Previous response with id '{previous}' not found."
+    if why is not None:
+        message = f"{message[:-1]}: {why}."
+    return ClientError(
+        message, status=400, param="previous_response_id", code="previous_response_not_found"
+    )
+
+
 def _reject_unservable(body: dict[str, Any]) -> None:
     previous = present(body, "previous_response_id")
     if previous is not None:
-        check_response_id(previous, "previous_response_id")
-        fail(
-            "previous_response_id",
-            previous,
-            "the response store is off on this proxy (store_url = off); send the whole "
-            "conversation in 'input'",
-            code="unsupported_parameter",
+        # Without a store no id is known: the client's cue to send the whole conversation.
+        raise previous_not_found(
+            check_response_id(previous, "previous_response_id"),
+            "the response store is off on this proxy (store_url = off), so no "
+            "'previous_response_id' can be continued; send the whole conversation in 'input'",
         )
     conversation = present(body, "conversation")
     if conversation is not None:

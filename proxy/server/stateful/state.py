@@ -7,9 +7,11 @@ request continues, and the store's housekeeping.
 - **Context**: `prepare(body, scope, render)` resolves `previous_response_id` (the chain's
   input and output items), `conversation` (its items, issue 16) and `item_reference` input
   items from the store, merges them into a body (`proxy.harmony.history`) and renders that
-  body through the one `render` seam every request takes. Malformed id → 400, unknown → 404,
-  store down → 503, all before anything reaches upstream; errors of the merged input are told
-  in the request's own item numbers.
+  body through the one `render` seam every request takes. Malformed id → 400; a
+  `previous_response_id` that is unknown, another credential's, or whose chain is no longer
+  whole → 400 `previous_response_not_found`, as OpenAI answers it; an unknown conversation or
+  referenced item → 404; store down → 503, all before anything reaches upstream; errors of
+  the merged input are told in the request's own item numbers.
 - **Recorders** (recording.py) carry each stored response's writes to the one `StoreWriter`.
 - **Leases**: a running stored response is vouched for by its process (`Lease` every
   `HEARTBEAT` seconds). A reader that finds one past its lease ends it as failed
@@ -31,7 +33,7 @@ from proxy.errors import ClientError, StoreUnavailableError
 from proxy.harmony import conversation as conv
 from proxy.harmony import history
 from proxy.harmony.request import PreparedRequest
-from proxy.harmony.request_fields import check_response_id
+from proxy.harmony.request_fields import check_response_id, previous_not_found
 from proxy.harmony.response import IdFactory
 from proxy.harmony.stored import (
     RUNNING,
@@ -254,12 +256,7 @@ class Stateful:
         """The ids and the history items of the chain that ends with `previous`."""
         entry = await self.guard(self.store.get(scope, previous))
         if entry is None:
-            raise ClientError(
-                f"Previous response with id '{previous}' not found.",
-                status=404,
-                param="previous_response_id",
-                code="previous_response_not_found",
-            )
+            raise previous_not_found(previous)
         last = StoredResponse.decode(entry.doc)
         if last.status in RUNNING:
             raise ClientError(
@@ -273,12 +270,10 @@ class Stateful:
         records = []
         for key, found in zip(last.chain, earlier, strict=True):
             if found is None:
-                raise ClientError(
-                    f"Previous response with id '{previous}' continues response '{key}', which "
-                    "is no longer stored (deleted, expired or evicted).",
-                    status=404,
-                    param="previous_response_id",
-                    code="previous_response_not_found",
+                raise previous_not_found(
+                    previous,
+                    f"it continues response '{key}', which is no longer stored (deleted, "
+                    "expired or evicted)",
                 )
             records.append(StoredResponse.decode(found.doc))
         records.append(last)
