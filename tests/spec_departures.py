@@ -1,8 +1,9 @@
 """Where the response object departs from upstream's recordings on purpose (issue 14).
 
 Upstream (trtllm-serve) echoes `null` where OpenAI's spec allows none, `parallel_tool_calls`
-false by default, the requested `service_tier`, no `store`, no `completed_at`, and `usage: null`
-while in progress. The proxy's response object follows the spec instead, and the simulator (a
+false by default, the requested `service_tier`, no `store`, no `completed_at`, `usage: null`
+while in progress, and fields the spec does not define (openai-python's `async` of a function
+tool). The proxy's response object follows the spec instead, and the simulator (a
 stand-in for upstream) builds its objects with the same code. Tests that compare with upstream's
 recordings pass both sides through `normalised`, which maps exactly those fields to one form and
 leaves everything else — every other key, every value, the key order — to the comparison.
@@ -17,6 +18,9 @@ from typing import Any
 _DIFFERENT = ("completed_at", "store", "service_tier", "parallel_tool_calls")
 #: Top-level keys the spec gives no null: upstream sends null, the proxy leaves them out.
 _NOT_NULLABLE = ("usage", "user", "prompt_cache_options")
+#: Tool keys the spec does not define (openai-python's, upstream echoes them): the proxy's echo
+#: holds only the spec's.
+_NOT_IN_SPEC = ("async", "async_")
 #: Tool keys the spec gives no null, per tool type: left out (None) or the spec's default.
 _TOOL_UNSET: dict[str, dict[str, Any]] = {
     "function": {"defer_loading": None},
@@ -69,6 +73,8 @@ def _text(text: Any) -> Any:
 def _tool(tool: Any) -> None:
     if not isinstance(tool, dict):
         return
+    for key in _NOT_IN_SPEC:
+        tool.pop(key, None)
     kind = str(tool.get("type"))
     family = "web_search_preview" if kind.startswith("web_search_preview") else kind
     family = "web_search" if family.startswith("web_search_2") else family

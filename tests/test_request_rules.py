@@ -18,7 +18,7 @@ from proxy.errors import ClientError
 from proxy.harmony import tokens
 from proxy.harmony.request import PreparedRequest, parse_body, prepare_request
 from proxy.harmony.request_fields import EXTRA_FIELDS, RESPONSES_FIELDS
-from proxy.harmony.request_items import ITEM_KEYS
+from proxy.harmony.request_shapes import INPUT_ITEM
 from tests import request_clients as clients
 
 MODEL = clients.MODEL
@@ -341,7 +341,6 @@ def test_namespace_tools_render_as_their_own_namespace(encoding: HarmonyEncoding
                 "name": "lookup",
                 "type": "function",
                 "allowed_callers": None,
-                "async": None,
                 "description": "Find a customer.",
                 "output_schema": None,
                 "parameters": {"type": "object", "properties": {"email": {"type": "string"}}},
@@ -351,7 +350,6 @@ def test_namespace_tools_render_as_their_own_namespace(encoding: HarmonyEncoding
                 "name": "count",
                 "type": "function",
                 "allowed_callers": None,
-                "async": None,
                 "description": None,
                 "output_schema": None,
                 "parameters": None,
@@ -1031,5 +1029,5 @@ def test_item_keys_are_those_of_openai_input_items() -> None:
         keys = member.__required_keys__ | member.__optional_keys__
         for kind in _literal_strings(typing.get_type_hints(member)["type"]):
             by_type.setdefault(kind, set()).update(keys)
-    for kind, keys in ITEM_KEYS.items():
-        assert keys == by_type[kind], kind
+    for kind, shape in INPUT_ITEM.by_type.items():
+        assert shape.allowed == by_type[kind], kind

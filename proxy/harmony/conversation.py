@@ -150,9 +150,7 @@ def check_new_items(items: list[Any], keys: ReasoningKeys | None) -> None:
 def _object(body: Any, keys: frozenset[str]) -> dict[str, Any]:
     """A request body: an object (no body: an empty one) of `keys` only."""
     checked: dict[str, Any] = {} if body is None else want_object(body, "body")
-    for key in checked:
-        if key not in keys:
-            raise ClientError(f"Unknown parameter: '{key}'.", param=key, code="unknown_parameter")
+    check_keys(checked, keys, "", "this request body")  # the key quoted capped, as everywhere
     return checked
 
 

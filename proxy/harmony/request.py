@@ -32,11 +32,13 @@ from openai_harmony import HarmonyEncoding, Message
 from proxy.errors import ClientError
 from proxy.harmony import tokens
 from proxy.harmony.reasoning_seal import ReasoningKeys
+from proxy.harmony.request_check import spec_only
 from proxy.harmony.request_fields import Fields, read_fields
 from proxy.harmony.request_fit import fit_prompt
 from proxy.harmony.request_guided import tool_choice_format
 from proxy.harmony.request_items import input_messages
 from proxy.harmony.request_prefix import PrefixCache, render_prompt
+from proxy.harmony.request_shapes import TOOL_CHOICE
 from proxy.harmony.request_text import read_text
 from proxy.harmony.request_tools import ToolSet, read_tools
 
@@ -195,7 +197,8 @@ def _echo(fields: Fields, toolset: ToolSet, text: dict[str, Any]) -> dict[str, A
         "metadata": fields.metadata,
         "parallel_tool_calls": fields.parallel_tool_calls,
         "temperature": fields.temperature,
-        "tool_choice": fields.tool_choice,
+        # Without this proxy's own keys (a function's `namespace`): the spec's fields only.
+        "tool_choice": spec_only(fields.tool_choice, TOOL_CHOICE),
         "tools": toolset.echo,
         "top_p": fields.top_p,
         "background": False,

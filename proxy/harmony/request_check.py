@@ -5,6 +5,9 @@ leaves `prepare_request` is `ClientError` with a 4xx status. These readers are t
 turns a wrong value into that error, so every message has the same shape: the field path as
 OpenAI's `param` (`input[2].content[0].type`), the value (shortened), and what was expected.
 
+`check_shape` walks the objects inside a body with the table of their keys (request_shapes.py):
+an unknown key anywhere is a 400 naming its path, as an unknown top-level field is.
+
 `check_json` runs once over the whole body first. Everything after it may assume plain JSON:
 `dict` with `str` keys, `list`, valid-UTF-8 `str`, `bool`, `None`, 64-bit `int`, finite `float`,
 nested at most `MAX_DEPTH` deep. That is what orjson (our encoder) and openai-harmony (whose
@@ -15,6 +18,7 @@ on a value the client chose.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from proxy.errors import ClientError
@@ -190,3 +194,90 @@ def want_str_map(value: Any, path: str) -> dict[str, str]:
     for key, item in obj.items():
         want_str(item, at(path, key))
     return obj
+
+
+# -- the keys of the objects inside a request (the table: request_shapes.py) --------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """The keys an object may have: `keys`, those OpenAI's spec gives its schemas (`spec`,
+    component names of its OpenAPI description); `extra`, those real clients send that the spec
+    lacks (openai-python's request types have them); `own`, this proxy's extensions. `inner`:
+    the shapes of the values of some keys. `what` names the object in an error."""
+
+    what: str
+    keys: frozenset[str]
+    spec: tuple[str, ...] = ()
+    extra: frozenset[str] = frozenset()
+    own: frozenset[str] = frozenset()
+    inner: Mapping[str, Node] = field(default_factory=dict)
+
+    @property
+    def allowed(self) -> frozenset[str]:
+        return self.keys | self.extra | self.own
+
+
+@dataclass(frozen=True, slots=True)
+class Kinds:
+    """Objects told apart by `type`: `untyped` is the shape of one without it, `other` that of
+    a type not listed (None: left to the object's reader, which says what is wrong)."""
+
+    by_type: Mapping[str, Shape]
+    untyped: Shape | None = None
+    other: Shape | None = None
+
+    def of(self, value: Mapping[str, Any]) -> Shape | None:
+        kind = value.get("type")
+        if kind is None:
+            return self.untyped
+        if not isinstance(kind, str):
+            return None
+        return self.by_type.get(kind, self.other)
+
+
+@dataclass(frozen=True, slots=True)
+class Many:
+    """An array of objects of one node."""
+
+    item: Shape | Kinds
+
+
+Node = Shape | Kinds | Many
+
+
+def check_shape(value: Any, node: Node, path: str) -> None:
+    """Refuse the first key of `value`, or of an object inside it, outside its shape (400
+    `unknown_parameter` naming the path). Only keys are looked at: values, and values of
+    another JSON kind than the node's, are left to the readers."""
+    if isinstance(node, Many):
+        if isinstance(value, list):
+            for index, item in enumerate(value):
+                check_shape(item, node.item, at(path, index))
+        return
+    if not isinstance(value, dict):
+        return
+    shape = node.of(value) if isinstance(node, Kinds) else node
+    if shape is None:
+        return
+    check_keys(value, shape.allowed, path, shape.what)
+    for key, inner in shape.inner.items():
+        if key in value:
+            check_shape(value[key], inner, at(path, key))
+
+
+def spec_only(value: Any, node: Node) -> Any:
+    """`value` (checked by `check_shape`) without the keys the spec does not define, at every
+    level the table knows: what a response object may echo of it."""
+    if isinstance(node, Many):
+        return [spec_only(item, node.item) for item in value] if isinstance(value, list) else value
+    if not isinstance(value, dict):
+        return value
+    shape = node.of(value) if isinstance(node, Kinds) else node
+    if shape is None:
+        return value
+    return {
+        key: spec_only(item, shape.inner[key]) if key in shape.inner else item
+        for key, item in value.items()
+        if key in shape.keys
+    }

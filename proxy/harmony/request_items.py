@@ -45,7 +45,7 @@ from openai_harmony import Author, Content, Message, Role, TextContent
 from proxy.harmony.reasoning_seal import ReasoningKeys, SealError
 from proxy.harmony.request_check import (
     at,
-    check_keys,
+    check_shape,
     fail,
     missing,
     present,
@@ -53,6 +53,7 @@ from proxy.harmony.request_check import (
     want_object,
     want_str,
 )
+from proxy.harmony.request_shapes import INPUT_ITEM
 from proxy.harmony.request_tools import FUNCTIONS
 
 _ROLES = {
@@ -63,19 +64,6 @@ _ROLES = {
 }
 _SYSTEM_PREFIX = "Instructions:\n"
 
-#: Keys of each accepted item type: openai-python's `ResponseInputItemParam` members (for a
-#: message all three shapes: easy input, input message, output message).
-ITEM_KEYS = {
-    "message": frozenset({"type", "role", "content", "id", "status", "phase"}),
-    "function_call": frozenset(
-        {"type", "id", "call_id", "name", "arguments", "status", "namespace", "caller", "async"}
-    ),
-    "function_call_output": frozenset(
-        {"type", "id", "call_id", "output", "status", "namespace", "name", "caller"}
-    ),
-    "reasoning": frozenset({"type", "id", "summary", "content", "encrypted_content", "status"}),
-    "item_reference": frozenset({"type", "id"}),
-}
 _TEXT_PARTS = {"input_text": "text", "output_text": "text", "refusal": "refusal"}
 _MEDIA_PARTS = frozenset({"input_image", "input_file", "input_audio"})
 _REASONING_PARTS = frozenset({"reasoning_text", "text"})
@@ -121,14 +109,15 @@ def check_items(value: Any, path: str, keys: ReasoningKeys | None = None) -> lis
 
 
 def _checked(raw: Any, path: str) -> tuple[str, dict[str, Any]]:
-    """One item: an object of a type gpt-oss reads, with that type's keys only."""
+    """One item: an object of a type gpt-oss reads, with that type's keys only, in it and in
+    its parts (request_shapes.py)."""
     item = want_object(raw, path)
     kind = present(item, "type")
     if kind is None and "role" in item:
         kind = "message"
     if kind is None:
         missing(at(path, "type"))
-    if not isinstance(kind, str) or kind not in ITEM_KEYS:
+    if not isinstance(kind, str) or kind not in INPUT_ITEM.by_type:
         fail(
             at(path, "type"),
             kind,
@@ -136,7 +125,7 @@ def _checked(raw: Any, path: str) -> tuple[str, dict[str, Any]]:
             "'function_call_output', 'reasoning' and 'item_reference' items",
             code="unsupported_value",
         )
-    check_keys(item, ITEM_KEYS[kind], path, f"a '{kind}' input item")
+    check_shape(item, INPUT_ITEM.by_type[kind], path)
     return kind, item
 
 

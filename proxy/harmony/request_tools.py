@@ -14,9 +14,13 @@ any other type. On top of that (issue 3):
   named `functions` is the default namespace (Codex's `DEFAULT_FUNCTION_NAMESPACE`): its tools join
   the plain function tools and calls come back without a namespace.
 
+Each tool may have only the keys of its type (request_shapes.py), checked after the reading
+above so that a tool in the chat-completions shape gets its hint.
+
 The echo mirrors upstream's: each tool as the openai model dumps it (its fields in model order,
-defaults filled, extras after), with wire names (`async`, not Python's `async_`) — except that a
-field OpenAI's spec gives no null is never null (issue 14): it echoes the spec's default where
+defaults filled) — except that it holds only the fields OpenAI's spec defines for the type
+(openai-python's `async`, which upstream echoes as null, is accepted and not echoed), and that a
+field the spec gives no null is never null (issue 14): it echoes the spec's default where
 there is one (`web_search`: `external_web_access` true, `search_context_size` "medium"), and is
 left out otherwise (`defer_loading`).
 """
@@ -30,6 +34,7 @@ from openai_harmony import ToolDescription, ToolNamespaceConfig
 
 from proxy.harmony.request_check import (
     at,
+    check_shape,
     fail,
     missing,
     present,
@@ -38,6 +43,7 @@ from proxy.harmony.request_check import (
     want_object,
     want_str,
 )
+from proxy.harmony.request_shapes import TOOL
 
 #: Harmony's namespace for plain function tools (openai-harmony `with_function_tools`).
 FUNCTIONS = "functions"
@@ -57,16 +63,17 @@ SKIPPED_TYPES = frozenset(
 #: no null and no default; issue 14).
 _UNSET: Any = object()
 
-# Field order of the openai 3.57.0 models upstream echoes through, with what an unset field
-# echoes as: null where OpenAI's spec allows it, the spec's default where it has one, else
-# nothing (issue 14).
+# The echo of each tool type: exactly the fields OpenAI's spec defines for it, in the field
+# order of the openai 3.57.0 models upstream echoes through, with what an unset field echoes
+# as: null where the spec allows it, the spec's default where it has one, else nothing (issue
+# 14). Keys outside a table are not echoed.
 _FUNCTION_ECHO: dict[str, Any] = {
-    **dict.fromkeys(("name", "parameters", "strict", "type", "allowed_callers", "async")),
+    **dict.fromkeys(("name", "parameters", "strict", "type", "allowed_callers")),
     "defer_loading": _UNSET,
     **dict.fromkeys(("description", "output_schema")),
 }
 _NAMESPACE_MEMBER_ECHO: dict[str, Any] = {
-    **dict.fromkeys(("name", "type", "allowed_callers", "async")),
+    **dict.fromkeys(("name", "type", "allowed_callers")),
     "defer_loading": _UNSET,
     **dict.fromkeys(("description", "output_schema", "parameters", "strict")),
 }
@@ -139,6 +146,7 @@ def read_tools(value: Any) -> ToolSet:
                 "'code_interpreter' are accepted and skipped)",
                 code="unsupported_value",
             )
+        check_shape(tool, TOOL, path)
     namespaces = tuple(
         ToolNamespaceConfig(name=name, description=description, tools=tools)
         for name, (description, tools) in grouped.items()
@@ -189,7 +197,6 @@ def _read_namespace(
     echo = {"description": description, "name": name, "tools": members, "type": "namespace"}
     if description is None:
         del echo["description"]
-    echo.update((key, item) for key, item in tool.items() if key not in (*echo, "description"))
     return echo
 
 
@@ -259,8 +266,8 @@ def _hosted_echo(tool: dict[str, Any]) -> dict[str, Any]:
 
 
 def _echo(defaults: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
-    """`given` in the model's key order (`defaults`), unset keys as the table says, extras after.
-    An explicit null is unset, as everywhere on the OpenAI wire."""
+    """`given` in the model's key order (`defaults`), unset keys as the table says, and only
+    the table's keys. An explicit null is unset, as everywhere on the OpenAI wire."""
     echo: dict[str, Any] = {}
     for key, default in defaults.items():
         value = present(given, key)
@@ -268,5 +275,4 @@ def _echo(defaults: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
             value = default
         if value is not _UNSET:
             echo[key] = value
-    echo.update((key, value) for key, value in given.items() if key not in defaults)
     return echo
