@@ -27,7 +27,7 @@ from openai_harmony import HarmonyEncoding
 from proxy.errors import ClientError
 from proxy.harmony import conversation as conv
 from proxy.harmony.request import prepare_request
-from proxy.harmony.request_check import Kinds, Many, Node, Shape, at, shown
+from proxy.harmony.request_check import Kinds, Many, Node, Shape, at, check_shape, shown, spec_only
 from proxy.harmony.request_shapes import INPUT_ITEM, REQUEST, TOOL, TOOL_CHOICE
 from proxy.harmony.response import ResponseContext, response_object
 from tests.openapi import SPEC_FILE, assert_response_matches_spec
@@ -433,6 +433,18 @@ def test_conversation_items_and_bodies_use_the_same_checks() -> None:
     with pytest.raises(ClientError) as reference:
         conv.conversation_param({"id": "conv_1", "k": 1})
     assert reference.value.param == "conversation.k"
+
+
+def test_the_walk_leaves_values_of_other_kinds_to_the_readers() -> None:
+    check_shape({"type": 3, "k": 1}, TOOL_CHOICE, "tool_choice")  # no shape: the reader's 400
+    check_shape({"type": "banana", "k": 1}, TOOL_CHOICE, "tool_choice")
+    check_shape("auto", TOOL_CHOICE, "tool_choice")
+    check_shape({"k": 1}, Many(TOOL), "tools")  # not an array: the reader's 400
+    assert spec_only({"type": "banana", "k": 1}, TOOL_CHOICE) == {"type": "banana", "k": 1}
+    assert spec_only("auto", TOOL_CHOICE) == "auto"
+    tools = [{"type": "function", "name": "f", "async": True}]
+    assert spec_only(tools, Many(TOOL)) == [{"type": "function", "name": "f"}]
+    assert spec_only({"k": 1}, Many(TOOL)) == {"k": 1}
 
 
 def test_real_client_bodies_still_pass(encoding: HarmonyEncoding) -> None:

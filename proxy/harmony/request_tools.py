@@ -20,9 +20,9 @@ above so that a tool in the chat-completions shape gets its hint.
 The echo mirrors upstream's: each tool as the openai model dumps it (its fields in model order,
 defaults filled) — except that it holds only the fields OpenAI's spec defines for the type
 (openai-python's `async`, which upstream echoes as null, is accepted and not echoed), and that a
-field the spec gives no null is never null (issue 14): it echoes the spec's default where
-there is one (`web_search`: `external_web_access` true, `search_context_size` "medium"), and is
-left out otherwise (`defer_loading`).
+field the spec gives no null is never null: it echoes the spec's default where there is one
+(`web_search`: `external_web_access` true, `search_context_size` "medium"), and is left out
+otherwise (`defer_loading`).
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ _UNSET: Any = object()
 
 # The echo of each tool type: exactly the fields OpenAI's spec defines for it, in the field
 # order of the openai 3.57.0 models upstream echoes through, with what an unset field echoes
-# as: null where the spec allows it, the spec's default where it has one, else nothing (issue
-# 14). Keys outside a table are not echoed.
+# as: null where the spec allows it, the spec's default where it has one, else nothing. Keys
+# outside a table are not echoed.
 _FUNCTION_ECHO: dict[str, Any] = {
     **dict.fromkeys(("name", "parameters", "strict", "type", "allowed_callers")),
     "defer_loading": _UNSET,
