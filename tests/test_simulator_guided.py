@@ -157,9 +157,10 @@ def test_a_json_answer_is_written_and_never_padded(encoding: HarmonyEncoding) ->
 
 def test_no_acceptable_answer_is_an_error(encoding: HarmonyEncoding) -> None:
     prepared = _prepared(encoding)
+    unwritable = {"type": "sequence", "elements": [_const("x"), {"type": "any_text"}]}
     with pytest.raises(GuidedError, match="no answer"):
         ScriptedModel(encoding).complete(
-            prepared.prompt_token_ids, constraint=_constraint(_const("x"))
+            prepared.prompt_token_ids, constraint=_constraint(unwritable)
         )
 
 
