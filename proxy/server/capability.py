@@ -10,7 +10,8 @@ upstream enforces `response_format` instead of probing it (`auto`).
 
 Until the first probe has ended, the state says "not probed yet", which is no statement about
 upstream. A request that arrives then (a worker just started, or replaced) waits for that probe,
-at most `FIRST_PROBE_WAIT` s, rather than being refused from it (`first_probe`).
+at most `ServerState.first_probe_wait` s (10), rather than being refused from it
+(`first_probe`).
 """
 
 from __future__ import annotations
@@ -32,9 +33,6 @@ from proxy.upstream.probe import NOT_PROBED, Capability, Decode
 PROBE_RETRY = 2.0
 #: Seconds between probes once it is.
 PROBE_PERIOD = 30.0
-#: Seconds a request waits for the first probe to end; then it is served on what is known.
-#: Above the few seconds a probe takes from a busy upstream, below a client's patience.
-FIRST_PROBE_WAIT = 10.0
 
 
 def decoder(encoding: HarmonyEncoding) -> Decode:
@@ -104,12 +102,12 @@ async def probe_forever(
         await asyncio.sleep(PROBE_PERIOD if capability.token_ids else PROBE_RETRY)
 
 
-async def first_probe(state: ServerState, timeout: float = FIRST_PROBE_WAIT) -> None:
-    """Wait until the first capability probe has ended, at most `timeout` s."""
+async def first_probe(state: ServerState) -> None:
+    """Wait until the first capability probe has ended, at most `state.first_probe_wait` s."""
     if state.probed.is_set():
         return
     try:
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(state.first_probe_wait):
             await state.probed.wait()
     except TimeoutError:
         return  # served on what is known: "not probed yet", a 503 with Retry-After

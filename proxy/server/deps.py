@@ -33,6 +33,9 @@ T = TypeVar("T")
 SHUTTING_DOWN = "server_shutting_down"
 
 _UNKNOWN = Capability(False, False, "upstream not probed yet")
+#: Seconds a request waits for the first capability probe to end (capability.py): above the
+#: few seconds a probe takes from a busy upstream, below a client's patience.
+FIRST_PROBE_WAIT = 10.0
 
 
 @dataclass
@@ -43,6 +46,7 @@ class ServerState:
     #: Set once the first capability probe has ended (capability.py): until then requests
     #: wait for it rather than take `_UNKNOWN` for upstream's answer.
     probed: asyncio.Event = field(default_factory=asyncio.Event)
+    first_probe_wait: float = FIRST_PROBE_WAIT
     in_flight: int = 0
     #: Requests being handled on the proxy's own routes (app.py), for the drain (runner.py).
     active: int = 0
