@@ -30,6 +30,7 @@ from proxy.harmony.constraint import CONSTRAINT_VIOLATED
 from proxy.server.app import create_app
 from proxy.server.capability import decoder, with_setting
 from proxy.server.deps import ServerState
+from proxy.server.processes.runner import simulated_upstream
 from proxy.simulator.app import create_simulator_app
 from proxy.simulator.config import SimulatorConfig
 from proxy.upstream.client import Upstream
@@ -514,3 +515,23 @@ def test_stored_and_background_responses_fail_the_same(proxies: dict[str, Proxy]
     refusing = proxies["stock/refuse"].client(max_retries=0)
     with pytest.raises(openai.BadRequestError, match="constraint"):
         refusing.responses.create(background=True, **_body("none"))
+
+
+@pytest.mark.parametrize("guided", [True, False])
+def test_the_builtin_simulator_setting_picks_the_upstream(
+    encoding: HarmonyEncoding, guided: bool
+) -> None:
+    """`serve` without an upstream runs the simulator with `simulator_guided_decoding`."""
+
+    async def probe() -> Capability:
+        settings = Settings(simulator_guided_decoding=guided, simulator_token_seconds=0.0)
+        logger = logging.getLogger("test.constraints.builtin")
+        async with simulated_upstream(settings, encoding, logger) as running:
+            assert running.upstream_url is not None
+            upstream = Upstream(running.upstream_url, connect_timeout=5.0)
+            try:
+                return await upstream.probe(decode=decoder(encoding))
+            finally:
+                await upstream.aclose()
+
+    assert asyncio.run(probe()).guided is guided
