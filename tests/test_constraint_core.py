@@ -218,6 +218,15 @@ def test_final_answers_are_held_to_the_schema(text: str, problem: str | None) ->
         assert problem in violation.message
 
 
+@pytest.mark.parametrize("depth", [900, 100_000])
+def test_json_nested_past_the_decoders_limit_is_a_violation_not_a_crash(depth: int) -> None:
+    recursive = {"type": "array", "items": {"$ref": "#"}}
+    check = ConstraintCheck(OutputConstraint(text_kind="json_schema", schema=recursive))
+    violation = check.final("[" * depth + "]" * depth)
+    assert violation is not None
+    assert "nested too deeply" in violation.message
+
+
 def test_a_schema_that_cannot_be_resolved_is_a_violation_not_a_crash() -> None:
     schema = {"$ref": "https://example.com/nowhere.json"}
     check = ConstraintCheck(OutputConstraint(text_kind="json_schema", schema=schema))

@@ -457,9 +457,13 @@ def test_an_upstream_said_to_enforce_is_still_checked(
     encoding: HarmonyEncoding, upstreams: Upstreams
 ) -> None:
     """`guided_decoding = on` in front of a stock server: requests go through, and the check
-    after the fact still fails every broken one (counted as enforced)."""
-    proxy = start_proxy(encoding, upstreams.servers["stock"], guided_decoding="on")
+    after the fact still fails every broken one (counted as enforced). Rendered in a render
+    worker process: the constraint travels with the prepared request."""
+    proxy = start_proxy(
+        encoding, upstreams.servers["stock"], guided_decoding="on", render_workers=1
+    )
     try:
+        assert wait_for(proxy.app.state.renderer.ready, 30)
         assert proxy.app.state.proxy.capability.guided is True
         assert httpx.get(proxy.url + "/readyz").json()["guided_decoding"] == "enforced"
         for name in ("none", "json_schema"):
@@ -467,6 +471,8 @@ def test_an_upstream_said_to_enforce_is_still_checked(
             assert response["status"] == "failed"
             labels = {"constraint": KIND[name], "enforced": "true"}
             assert proxy.metric("proxy_constraint_violations_total", **labels) == 1
+        worker = proxy.metric("proxy_renders_total", path="worker", outcome="ok")
+        assert worker >= 1  # the one with tools, too costly to render on the event loop
     finally:
         proxy.close()
 
