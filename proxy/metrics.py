@@ -231,10 +231,7 @@ class Metrics:
             multiprocess_mode="livemin",
         )
         self.constraint_refusals = Counter(
-            "proxy_constraint_refusals",
-            "Constrained requests refused: upstream does not enforce response_format",
-            ["constraint"],
-            registry=r,
+            "proxy_constraint_refusals", "Constrained requests refused", ["constraint"], registry=r
         )
         self.constraint_violations = Counter(
             "proxy_constraint_violations",
@@ -351,8 +348,8 @@ class Metrics:
             self.recovered_tokens.labels(channel)
         for kind in CONSTRAINT_KINDS:
             self.constraint_refusals.labels(kind)
-            self.constraint_violations.labels(kind, "true")
-            self.constraint_violations.labels(kind, "false")
+            for enforced in ("true", "false"):
+                self.constraint_violations.labels(kind, enforced)
         for op in STORE_OPS:
             self.store_errors.labels(op)
         for reason in STORE_EVICTIONS:

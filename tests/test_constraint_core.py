@@ -108,6 +108,8 @@ def test_each_choice_demands_its_calls(
     assert constraint.call_required is required
     assert constraint.text_kind is None
     assert kind in CONSTRAINT_KINDS
+    assert constraint.describe() == constraint.choice
+    assert constraint.describe().startswith("tool_choice ")
 
 
 def test_auto_alone_demands_nothing_and_text_format_its_json(encoding: HarmonyEncoding) -> None:

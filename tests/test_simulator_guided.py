@@ -14,7 +14,7 @@ from openai_harmony import HarmonyEncoding
 
 from proxy.harmony.request import prepare_request
 from proxy.simulator.config import SimulatorConfig
-from proxy.simulator.guided import GuidedError, json_instance, read_constraint
+from proxy.simulator.guided import GuidedError, json_breaking, json_instance, read_constraint
 from proxy.simulator.model import ScriptedModel
 from proxy.simulator.server import build_parser, config_from_args
 from tests.simulator_helpers import FAST, SimThread, replay_headers
@@ -250,6 +250,20 @@ def test_the_unguided_model_writes_what_each_constraint_forbids(encoding: Harmon
     # unconstrained, it is the same model as ever
     free = ScriptedModel(encoding).complete(_prepared(encoding).prompt_token_ids, enforced=False)
     assert free.messages[-1][1] == "functions.get_weather"
+
+
+@pytest.mark.parametrize(
+    ("schema", "breaking"),
+    [
+        ({"type": "object", "required": ["n"]}, {"unexpected": True}),
+        ({"type": "object"}, []),
+        ({"type": ["object", "array"]}, "unexpected"),
+        ({"type": ["object", "array", "string"]}, None),
+        ({}, {"unexpected": True}),  # nothing breaks an empty schema: the fallback
+    ],
+)
+def test_json_breaking_finds_a_value_the_schema_rejects(schema: Any, breaking: Any) -> None:
+    assert json_breaking(schema) == breaking
 
 
 def test_a_constant_constraint_is_written_only_when_enforced(encoding: HarmonyEncoding) -> None:
