@@ -125,10 +125,12 @@ async def _logprobs(client: httpx.AsyncClient, body: dict[str, Any]) -> tuple[bo
     try:
         choice = answer.json()["choices"][0]
         read_logprobs(choice.get("logprobs"), len(choice["token_ids"]))
+    except FrameError as exc:  # a ValueError too: first
+        if choice.get("logprobs") is None:
+            return False, "no token logprobs (this trtllm-serve's /v1/completions gives none)"
+        return False, f"no usable token logprobs ({exc.message})"
     except (ValueError, KeyError, IndexError, TypeError):
         return False, "no token logprobs (this trtllm-serve's /v1/completions gives none)"
-    except FrameError as exc:
-        return False, f"no usable token logprobs ({exc.message})"
     return True, "token logprobs available"
 
 
