@@ -9,203 +9,34 @@ with `constraint_violated` — never a `completed` response that breaks its cons
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import json
 import logging
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import httpx
 import openai
-import orjson
 import pytest
-from openai import OpenAI
 from openai_harmony import HarmonyEncoding
-from prometheus_client import CollectorRegistry
-from starlette.types import Receive, Scope, Send
 
 from proxy.config import Settings
 from proxy.harmony.constraint import CONSTRAINT_VIOLATED
-from proxy.server.app import create_app
 from proxy.server.capability import decoder, with_setting
-from proxy.server.deps import ServerState
 from proxy.server.processes.runner import simulated_upstream
-from proxy.simulator.app import create_simulator_app
-from proxy.simulator.config import SimulatorConfig
 from proxy.upstream.client import Upstream
 from proxy.upstream.probe import GUIDED, NOT_PROBED, Capability
-from tests.live import LiveServer, wait_for
+from tests.constraints_support import (
+    CONSTRAINTS,
+    KIND,
+    MODEL,
+    Proxy,
+    Upstreams,
+    body_for,
+    holds,
+    start_proxy,
+    streamed,
+)
+from tests.live import wait_for
 from tests.wellformed import assert_well_formed
-
-MODEL = "openai/gpt-oss-120b"
-
-
-def _tool(name: str, prop: str) -> dict[str, Any]:
-    return {
-        "type": "function",
-        "name": name,
-        "description": f"The {name.removeprefix('get_')} for a {prop}.",
-        "parameters": {
-            "type": "object",
-            "properties": {prop: {"type": "string"}},
-            "required": [prop],
-        },
-    }
-
-
-TOOLS = [_tool("get_weather", "city"), _tool("get_time", "timezone")]
-SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
-ONLY_TIME = [{"type": "function", "name": "get_time"}]
-
-#: Every constraint: the request fields, the field a refusal names, and what holds.
-CONSTRAINTS: dict[str, dict[str, Any]] = {
-    "none": {"tool_choice": "none"},
-    "required": {"tool_choice": "required"},
-    "named": {"tool_choice": {"type": "function", "name": "get_time"}},
-    "allowed_auto": {"tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": ONLY_TIME}},
-    "allowed_required": {
-        "tool_choice": {"type": "allowed_tools", "mode": "required", "tools": ONLY_TIME}
-    },
-    "json_schema": {
-        "tools": None,
-        "text": {"format": {"type": "json_schema", "name": "a", "schema": SCHEMA, "strict": True}},
-    },
-    "json_object": {"tools": None, "text": {"format": {"type": "json_object"}}},
-}
-KIND = {
-    "none": "tool_choice_none",
-    "required": "tool_choice_required",
-    "named": "tool_choice_function",
-    "allowed_auto": "tool_choice_allowed_tools",
-    "allowed_required": "tool_choice_allowed_tools",
-    "json_schema": "json_schema",
-    "json_object": "json_object",
-}
-
-
-def _body(name: str, **more: Any) -> dict[str, Any]:
-    body = {"model": MODEL, "input": "What's the weather in Paris?", "tools": TOOLS}
-    body.update(CONSTRAINTS[name])
-    body.update(more)
-    return {key: value for key, value in body.items() if value is not None}
-
-
-def holds(name: str, response: dict[str, Any]) -> bool:
-    """Whether a response's output holds to constraint `name` (an oracle of the test's own)."""
-    calls = [item["name"] for item in response["output"] if item["type"] == "function_call"]
-    answers = [
-        "".join(part["text"] for part in item["content"])
-        for item in response["output"]
-        if item["type"] == "message" and item.get("phase") != "commentary"
-    ]
-    if name == "none":
-        return not calls
-    if name == "required":
-        return bool(calls) and not answers
-    if name in ("named", "allowed_required"):
-        return calls == ["get_time"] and not answers
-    if name == "allowed_auto":
-        return set(calls) <= {"get_time"}
-    try:
-        values = [json.loads(answer) for answer in answers]
-    except ValueError:
-        return False
-    if name == "json_object":
-        return bool(values) and all(isinstance(value, dict) for value in values)
-    return bool(values) and all(isinstance(value.get("answer"), int) for value in values)
-
-
-class Gate:
-    """The simulator behind a gate a test controls: `/v1/models` held `hold` seconds (a slow
-    first probe), `response_format` refused with a 400 when `refuse` (a server that does not
-    take the field), and every `/v1/completions` body kept."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-        self.hold = 0.0
-        self.refuse = False
-        self.bodies: list[dict[str, Any]] = []
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] not in ("/v1/models", "/v1/completions"):
-            await self.app(scope, receive, send)
-            return
-        if scope["path"] == "/v1/models":
-            await asyncio.sleep(self.hold)
-            await self.app(scope, receive, send)
-            return
-        raw, more = b"", True
-        while more:
-            message = await receive()
-            raw, more = raw + message.get("body", b""), message.get("more_body", False)
-        body = orjson.loads(raw)
-        self.bodies.append(body)
-        if self.refuse and "response_format" in body:
-            error = {"object": "error", "message": "response_format is not supported", "code": 400}
-            headers = [(b"content-type", b"application/json")]
-            await send({"type": "http.response.start", "status": 400, "headers": headers})
-            await send({"type": "http.response.body", "body": orjson.dumps(error)})
-            return
-        replayed = False
-
-        async def replay() -> Any:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": raw, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
-
-
-@dataclasses.dataclass
-class Proxy:
-    server: LiveServer
-    app: Any
-    gate: Gate
-    clients: list[OpenAI] = dataclasses.field(default_factory=list)
-
-    @property
-    def url(self) -> str:
-        return self.server.url
-
-    def client(self, **kwargs: Any) -> OpenAI:
-        """A strict SDK client, closed with the proxy (its pooled sockets with it)."""
-        made = OpenAI(
-            base_url=self.url + "/v1", api_key="x", _strict_response_validation=True, **kwargs
-        )
-        self.clients.append(made)
-        return made
-
-    def close(self) -> None:
-        for client in self.clients:
-            client.close()
-        self.server.__exit__()
-
-    def metric(self, name: str, **labels: str) -> float:
-        value = self.app.state.registry.get_sample_value(name, labels)
-        return 0.0 if value is None else float(value)
-
-
-class Upstreams:
-    """The two simulated upstreams, each behind its `Gate`, served while the module runs."""
-
-    def __init__(self, encoding: HarmonyEncoding) -> None:
-        self.encoding = encoding
-        self.servers: dict[str, tuple[LiveServer, Gate]] = {}
-
-    def start(self, kind: str, **config: Any) -> tuple[LiveServer, Gate]:
-        values = {"token_seconds": 0.0, "first_token_seconds": 0.0, **config}
-        simulator = SimulatorConfig(guided_decoding=kind == "xgrammar", **values)
-        gate = Gate(create_simulator_app(simulator, self.encoding))
-        server = LiveServer(gate).__enter__()
-        self.servers[kind] = (server, gate)
-        return server, gate
-
-    def close(self) -> None:
-        for server, _ in self.servers.values():
-            server.__exit__()
 
 
 @pytest.fixture(scope="module")
@@ -215,26 +46,6 @@ def upstreams(encoding: HarmonyEncoding) -> Iterator[Upstreams]:
     made.start("stock")
     yield made
     made.close()
-
-
-def start_proxy(
-    encoding: HarmonyEncoding,
-    upstream: tuple[LiveServer, Gate],
-    *,
-    wait: bool = True,
-    state: ServerState | None = None,
-    logger: logging.Logger | None = None,
-    **settings: Any,
-) -> Proxy:
-    server, gate = upstream
-    config = dataclasses.replace(
-        Settings(upstream_url=server.url, store_url="memory://", render_workers=0), **settings
-    )
-    app = create_app(config, encoding, registry=CollectorRegistry(), state=state, logger=logger)
-    live = LiveServer(app).__enter__()
-    if wait:
-        assert wait_for(lambda: app.state.proxy.probed.is_set(), 10)
-    return Proxy(live, app, gate)
 
 
 @pytest.fixture(scope="module")
@@ -249,13 +60,6 @@ def proxies(encoding: HarmonyEncoding, upstreams: Upstreams) -> Iterator[dict[st
     yield made
     for proxy in made.values():
         proxy.close()
-
-
-def streamed(client: OpenAI, body: dict[str, Any], **kwargs: Any) -> list[dict[str, Any]]:
-    return [
-        event.model_dump(mode="json", exclude_unset=True, by_alias=True)
-        for event in client.responses.create(stream=True, **body, **kwargs)
-    ]
 
 
 # -- what the probe finds ------------------------------------------------------------------------
@@ -308,7 +112,7 @@ def test_an_upstream_that_refuses_the_field_enforces_nothing(
         proxy = start_proxy(encoding, (server, gate), unenforced_constraints="best_effort")
         try:
             gate.bodies.clear()
-            events = streamed(proxy.client(), _body("required"))
+            events = streamed(proxy.client(), body_for("required"))
             response = assert_well_formed(events)
             assert response["status"] == "completed"  # unguided, the model called anyway
             assert holds("required", response)
@@ -363,10 +167,10 @@ def test_the_capability_log_line_names_guided_decoding(
 def test_with_a_backend_every_constraint_is_enforced(proxies: dict[str, Proxy], name: str) -> None:
     for policy in ("refuse", "best_effort"):
         proxy = proxies[f"xgrammar/{policy}"]
-        response = assert_well_formed(streamed(proxy.client(), _body(name)))
+        response = assert_well_formed(streamed(proxy.client(), body_for(name)))
         assert response["status"] == "completed", response.get("error")
         assert holds(name, response), response["output"]
-        answer = proxy.client().responses.create(stream=False, **_body(name))
+        answer = proxy.client().responses.create(stream=False, **body_for(name))
         assert answer.status == "completed"
         assert holds(name, answer.model_dump(mode="json")), answer.output
 
@@ -378,7 +182,7 @@ def test_without_a_backend_each_constraint_is_refused(proxies: dict[str, Proxy],
     generations = len([body for body in proxy.gate.bodies if body.get("stream")])
     for stream in (True, False):
         with pytest.raises(openai.BadRequestError) as caught:
-            proxy.client(max_retries=0).responses.create(stream=stream, **_body(name))
+            proxy.client(max_retries=0).responses.create(stream=stream, **body_for(name))
         error = caught.value.body
         assert isinstance(error, dict)
         assert caught.value.status_code == 400
@@ -399,13 +203,13 @@ def test_without_a_backend_best_effort_fails_each_broken_constraint(
     proxy = proxies["stock/best_effort"]
     labels = {"constraint": KIND[name], "enforced": "false"}
     before = proxy.metric("proxy_constraint_violations_total", **labels)
-    events = streamed(proxy.client(), _body(name))
+    events = streamed(proxy.client(), body_for(name))
     response = assert_well_formed(events)
     assert response["status"] == "failed"  # the stock model broke it: never "completed"
     [error] = [event for event in events if event["type"] == "error"]
     assert error["code"] == CONSTRAINT_VIOLATED
     assert "does not enforce response_format" in error["message"]
-    answer = proxy.client().responses.create(stream=False, **_body(name))
+    answer = proxy.client().responses.create(stream=False, **body_for(name))
     assert answer.status == "failed"
     assert answer.error is not None
     assert answer.error.code == "server_error"  # OpenAI's closed set; the message says which
@@ -427,12 +231,12 @@ def test_a_forbidden_message_is_never_announced_and_upstream_is_closed(
     server, gate = paced.start("stock", token_seconds=0.0005)
     proxy = start_proxy(encoding, (server, gate), unenforced_constraints="best_effort")
     try:
-        events = streamed(proxy.client(), _body("none"))
+        events = streamed(proxy.client(), body_for("none"))
         added = [e["item"]["type"] for e in events if e["type"] == "response.output_item.added"]
         assert added == ["reasoning"]
         assert assert_well_formed(events)["status"] == "failed"
         long = {"X-Sim-Tokens": "4000"}  # reasoning and the answer ~2,000 tokens each
-        events = streamed(proxy.client(), _body("required"), extra_headers=long)
+        events = streamed(proxy.client(), body_for("required"), extra_headers=long)
         response = assert_well_formed(events)
         assert response["status"] == "failed"
         assert [item["type"] for item in response["output"]] == ["reasoning"]
@@ -461,7 +265,7 @@ def test_an_upstream_said_to_enforce_is_still_checked(
         assert proxy.app.state.proxy.capability.guided is True
         assert httpx.get(proxy.url + "/readyz").json()["guided_decoding"] == "enforced"
         for name in ("none", "json_schema"):
-            response = assert_well_formed(streamed(proxy.client(), _body(name)))
+            response = assert_well_formed(streamed(proxy.client(), body_for(name)))
             assert response["status"] == "failed"
             labels = {"constraint": KIND[name], "enforced": "true"}
             assert proxy.metric("proxy_constraint_violations_total", **labels) == 1
@@ -481,7 +285,7 @@ def test_an_upstream_said_not_to_enforce_is_refused_without_a_probe(
         assert not any("response_format" in body for body in gate.bodies)  # not probed
         assert httpx.get(proxy.url + "/readyz").json()["guided_decoding"] == "not_enforced"
         with pytest.raises(openai.BadRequestError, match="guided_decoding = off"):
-            proxy.client(max_retries=0).responses.create(**_body("none"))
+            proxy.client(max_retries=0).responses.create(**body_for("none"))
         events = streamed(proxy.client(), {"model": MODEL, "input": "Hi"})  # unconstrained
         assert assert_well_formed(events)["status"] == "completed"
     finally:
@@ -494,9 +298,9 @@ def test_an_upstream_said_not_to_enforce_is_refused_without_a_probe(
 def test_stored_and_background_responses_fail_the_same(proxies: dict[str, Proxy]) -> None:
     proxy = proxies["stock/best_effort"]
     client = proxy.client()
-    stored = client.responses.create(stream=False, **_body("json_object"))
+    stored = client.responses.create(stream=False, **body_for("json_object"))
     assert client.responses.retrieve(stored.id).status == "failed"
-    job = client.responses.create(background=True, **_body("named"))
+    job = client.responses.create(background=True, **body_for("named"))
     assert job.status == "queued"
     deadline = time.monotonic() + 10
     while (found := client.responses.retrieve(job.id)).status in ("queued", "in_progress"):
@@ -514,7 +318,7 @@ def test_stored_and_background_responses_fail_the_same(proxies: dict[str, Proxy]
     # refused before anything is queued or stored
     refusing = proxies["stock/refuse"].client(max_retries=0)
     with pytest.raises(openai.BadRequestError, match="constraint"):
-        refusing.responses.create(background=True, **_body("none"))
+        refusing.responses.create(background=True, **body_for("none"))
 
 
 @pytest.mark.parametrize("guided", [True, False])

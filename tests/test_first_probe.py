@@ -17,8 +17,8 @@ import pytest
 from openai_harmony import HarmonyEncoding
 
 from proxy.server.deps import ServerState
+from tests.constraints_support import Upstreams, body_for, start_proxy
 from tests.reliability import sse_events
-from tests.test_constraints_live import Upstreams, _body, start_proxy
 from tests.wellformed import assert_well_formed
 from tests.workers_support import Workers, pinned, start_workers
 
@@ -44,7 +44,7 @@ def test_requests_before_the_first_probe_wait_for_it(
             assert ready.status_code == 503
             assert ready.json()["probed"] is False
             answer = httpx.post(
-                proxy.url + "/v1/responses", json=_body("named", stream=False), timeout=15
+                proxy.url + "/v1/responses", json=body_for("named", stream=False), timeout=15
             )
             took = time.monotonic() - started
             assert answer.status_code == 200, answer.text  # never 503 upstream_not_capable
@@ -67,7 +67,7 @@ def test_the_wait_for_the_first_probe_is_bounded(
         proxy = start_proxy(encoding, (server, gate), wait=False, state=state)
         try:
             started = time.monotonic()
-            answer = httpx.post(proxy.url + "/v1/responses", json=_body("none"), timeout=15)
+            answer = httpx.post(proxy.url + "/v1/responses", json=body_for("none"), timeout=15)
             assert 0.4 < time.monotonic() - started < 4
             assert answer.status_code == 503
             assert answer.json()["error"]["code"] == "upstream_not_capable"
@@ -123,7 +123,7 @@ def test_a_replaced_worker_waits_for_its_first_probe(
             started = time.monotonic()
             answer = client.post(
                 "/v1/responses",
-                json={**_body("named"), "stream": True},
+                json={**body_for("named"), "stream": True},
                 headers={"x-request-id": "after-replacement"},
             )
             assert answer.status_code == 200, answer.text
