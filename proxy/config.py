@@ -129,6 +129,15 @@ FIELDS: tuple[Field, ...] = (
     Field("passthrough_when_incapable", values.boolean, False,
           "when upstream cannot return token ids, pass /v1/responses through unrepaired "
           "instead of answering 502"),
+    Field("guided_decoding", values.choice("auto", "on", "off"), "auto",
+          "whether upstream enforces response_format (tool_choice and text.format as guided "
+          "decoding; trtllm-serve only with guided_decoding_backend set): auto probes it at "
+          "start and every 30 s, on/off state it"),
+    Field("unenforced_constraints", values.choice("refuse", "best_effort"), "refuse",
+          "a request with tool_choice none/required/named/allowed_tools or text.format "
+          "json_schema/json_object when upstream does not enforce response_format: refuse "
+          "(400 constraint_not_enforced), or best_effort (generate, check the output, and end "
+          "a response that breaks the constraint failed, constraint_violated)"),
     Field("delta_mode", values.choice("coalesce", "per_token"), "coalesce",
           "coalesce: one delta event per item per upstream frame; per_token: one per token"),
     Field("metrics_models", values.names, (),
@@ -165,6 +174,9 @@ FIELDS: tuple[Field, ...] = (
           "built-in simulator: tokens per engine output after the first (trtllm stream_interval)"),
     Field("simulator_token_seconds", values.non_negative_float, 0.01,
           "built-in simulator: seconds per generated token"),
+    Field("simulator_guided_decoding", values.boolean, True,
+          "built-in simulator: enforce response_format, as trtllm-serve with a guided-decoding "
+          "backend does (false: accept and ignore it, as a stock trtllm-serve does)"),
 )
 # fmt: on
 
@@ -204,6 +216,8 @@ class Settings:
     max_connections: int = 2048
     trusted_proxies: tuple[str, ...] = ()
     passthrough_when_incapable: bool = False
+    guided_decoding: str = "auto"
+    unenforced_constraints: str = "refuse"
     delta_mode: str = "coalesce"
     metrics_models: tuple[str, ...] = ()
     event_loop: str = "auto"
@@ -220,6 +234,7 @@ class Settings:
     store_timeout: float = 5.0
     simulator_stream_interval: int = 20
     simulator_token_seconds: float = 0.01
+    simulator_guided_decoding: bool = True
 
     def repairs(self, model: str) -> bool:
         """Whether `/v1/responses` for `model` goes through the repair."""

@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from proxy import __version__
+from proxy.harmony.constraint import CONSTRAINT_KINDS
 from proxy.harmony.events import ITEM_EVENT_TYPES
 from proxy.harmony.items import CHANNELS
 from proxy.harmony.record import MALFORMED_KINDS, RepairRecord
@@ -223,6 +224,21 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemin",
         )
+        self.upstream_guided = Gauge(
+            "proxy_upstream_guided_decoding",
+            "1 when upstream enforces response_format (guided decoding: probed, or set)",
+            registry=r,
+            multiprocess_mode="livemin",
+        )
+        self.constraint_refusals = Counter(
+            "proxy_constraint_refusals", "Constrained requests refused", ["constraint"], registry=r
+        )
+        self.constraint_violations = Counter(
+            "proxy_constraint_violations",
+            "Responses failed: the output broke tool_choice or text.format (upstream enforced?)",
+            ["constraint", "enforced"],
+            registry=r,
+        )
         self.http_limits = Counter(
             "proxy_http_limits",
             "Client connections or requests stopped by an HTTP server limit, by kind",
@@ -330,6 +346,10 @@ class Metrics:
             self.tokens.labels(channel)
             self.recovered_chars.labels(channel)
             self.recovered_tokens.labels(channel)
+        for kind in CONSTRAINT_KINDS:
+            self.constraint_refusals.labels(kind)
+            for enforced in ("true", "false"):
+                self.constraint_violations.labels(kind, enforced)
         for op in STORE_OPS:
             self.store_errors.labels(op)
         for reason in STORE_EVICTIONS:

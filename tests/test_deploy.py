@@ -9,6 +9,8 @@ exports. A real Prometheus evaluates them in test_prometheus_e2e.py.
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import math
 import re
 import shlex
@@ -280,7 +282,7 @@ def test_kubernetes_monitoring_scrapes_the_proxy_and_carries_the_rules(
     assert render.returncode == 0, render.stdout
 
 
-def test_kubernetes_base_runs_trtllm_serve_on_a_gpu_with_stream_interval_20() -> None:
+def test_kubernetes_base_runs_trtllm_serve_on_a_gpu_with_stream_interval_20_and_xgrammar() -> None:
     manifests = {(d["kind"], d["metadata"]["name"]): d for d in _kustomize("base")}
     upstream = _upstream(_containers(manifests))
     assert upstream["name"] == "trtllm-serve"
@@ -294,6 +296,8 @@ def test_kubernetes_base_runs_trtllm_serve_on_a_gpu_with_stream_interval_20() ->
     config = manifests[("ConfigMap", volume["configMap"]["name"])]["data"]
     trtllm = yaml.safe_load(config[path.rsplit("/", 1)[1]])
     assert trtllm["stream_interval"] == 20
+    # tool_choice and text.format are enforced only with a guided-decoding backend
+    assert trtllm["guided_decoding_backend"] == "xgrammar"
     compose_copy = DEPLOY / "compose/trtllm/gpt-oss-120b.yaml"
     assert compose_copy.read_text() == (DEPLOY / "kubernetes/base/gpt-oss-120b.yaml").read_text()
 
@@ -436,7 +440,7 @@ def test_compose_keeps_responses_on_a_volume_or_in_redis(name: str) -> None:
     assert dict(volume.split(":")[:2] for volume in redis["volumes"])["redis-data"] == "/data"
 
 
-def test_compose_gpu_stack_runs_trtllm_serve_with_stream_interval_20() -> None:
+def test_compose_gpu_stack_runs_trtllm_serve_with_stream_interval_20_and_xgrammar() -> None:
     upstream = _compose("docker-compose.yaml")["services"]["trtllm-serve"]
     [device] = upstream["deploy"]["resources"]["reservations"]["devices"]
     assert device["driver"] == "nvidia"
@@ -444,10 +448,46 @@ def test_compose_gpu_stack_runs_trtllm_serve_with_stream_interval_20() -> None:
     options = next(a for a in upstream["command"] if a.startswith("--extra_llm_api_options="))
     path = options.split("=", 1)[1]
     [mount] = [v for v in upstream["volumes"] if v.split(":")[1] == path]
-    assert (
-        yaml.safe_load((DEPLOY / "compose" / mount.split(":")[0]).read_text())["stream_interval"]
-        == 20
+    options = yaml.safe_load((DEPLOY / "compose" / mount.split(":")[0]).read_text())
+    assert options["stream_interval"] == 20
+    assert options["guided_decoding_backend"] == "xgrammar"
+
+
+def _trtllm_check() -> Any:
+    """scripts/check-trtllm-configs as a module (it has no .py suffix)."""
+    loader = importlib.machinery.SourceFileLoader(
+        "check_trtllm_configs", str(ROOT / "scripts/check-trtllm-configs")
     )
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def test_every_shipped_trtllm_config_loads_xgrammar() -> None:
+    """The deploy check (also in scripts/check-deploy) passes on the shipped files…"""
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/check-trtllm-configs")],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stdout
+    assert "every trtllm-serve loads guided_decoding_backend: xgrammar" in run.stdout
+
+
+def test_the_trtllm_config_check_fails_without_the_backend() -> None:
+    """… and fails on a config without the backend, or another one, or none at all."""
+    check = _trtllm_check()
+    shipped = yaml.safe_load((DEPLOY / "compose/trtllm/gpt-oss-120b.yaml").read_text())
+    assert check.problem(shipped, "shipped") is None
+    without = {k: v for k, v in shipped.items() if k != "guided_decoding_backend"}
+    assert "guided_decoding_backend is None" in check.problem(without, "x")
+    other = {**shipped, "guided_decoding_backend": "outlines"}
+    assert "'outlines'" in check.problem(other, "x")
+    assert check.options_path(["trtllm-serve", "m", "--config", "/c.yaml"]) == "/c.yaml"
+    assert check.options_path(["trtllm-serve", "--extra_llm_api_options=/o.yaml"]) == "/o.yaml"
+    assert check.options_path(["trtllm-serve", "m", "--port=8000"]) is None
 
 
 def test_compose_simulator_variant_differs_only_in_the_upstream() -> None:
@@ -541,6 +581,7 @@ def test_alert_rules_cover_the_issue() -> None:
         "ResponsesRepairProxyOverheadHigh": "proxy_frame_overhead_seconds_bucket",
         "ResponsesRepairProxyStoreErrors": "proxy_store_errors_total",
         "ResponsesRepairProxyWorkerRestarts": "proxy_worker_restarts_total",
+        "ResponsesRepairProxyConstraintsRefused": "proxy_constraint_refusals_total",
     }
     assert set(rules) == set(expected)
     for name, metric in expected.items():

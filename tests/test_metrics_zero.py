@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.config import Settings
+from proxy.harmony.constraint import CONSTRAINT_KINDS
 from proxy.harmony.events import ITEM_EVENT_TYPES
 from proxy.harmony.record import MALFORMED_KINDS
 from proxy.metrics import HTTP_LIMIT_KINDS, UPSTREAM_ERROR_KINDS
@@ -136,6 +137,10 @@ def test_the_fixed_label_sets_are_exported_whole(fresh: list[Sample]) -> None:
     assert values("proxy_http_limits_total", "kind") == set(HTTP_LIMIT_KINDS)
     assert values("proxy_recovered_events_total", "type") == set(ITEM_EVENT_TYPES)
     assert values("proxy_requests_total", "model") == {"other", *MODELS}
+    assert values("proxy_constraint_refusals_total", "constraint") == set(CONSTRAINT_KINDS)
+    assert values("proxy_constraint_violations_total", "constraint") == set(CONSTRAINT_KINDS)
+    assert values("proxy_constraint_violations_total", "enforced") == {"true", "false"}
+    assert ("proxy_upstream_guided_decoding", {}) in fresh
     assert values("proxy_tokens_total", "channel") == {
         "reasoning",
         "final",

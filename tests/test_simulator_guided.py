@@ -1,6 +1,7 @@
 """The simulated engine's guided decoding (proxy/simulator/guided.py): the matcher, the scripted
 model steered by it, and replays refused when they break it. What it accepts of the proxy's own
-formats is held to real xgrammar's verdicts in tests/test_tool_choice.py."""
+formats is held to real xgrammar's verdicts in tests/test_tool_choice.py. Without a backend
+(`guided_decoding=False`) the format is validated, then ignored, and the model breaks it."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ import pytest
 from openai_harmony import HarmonyEncoding
 
 from proxy.harmony.request import prepare_request
-from proxy.simulator.guided import GuidedError, json_instance, read_constraint
+from proxy.simulator.config import SimulatorConfig
+from proxy.simulator.guided import GuidedError, json_breaking, json_instance, read_constraint
 from proxy.simulator.model import ScriptedModel
+from proxy.simulator.server import build_parser, config_from_args
 from tests.simulator_helpers import FAST, SimThread, replay_headers
 
 MODEL = "openai/gpt-oss-120b"
@@ -157,9 +160,10 @@ def test_a_json_answer_is_written_and_never_padded(encoding: HarmonyEncoding) ->
 
 def test_no_acceptable_answer_is_an_error(encoding: HarmonyEncoding) -> None:
     prepared = _prepared(encoding)
+    unwritable = {"type": "sequence", "elements": [_const("x"), {"type": "any_text"}]}
     with pytest.raises(GuidedError, match="no answer"):
         ScriptedModel(encoding).complete(
-            prepared.prompt_token_ids, constraint=_constraint(_const("x"))
+            prepared.prompt_token_ids, constraint=_constraint(unwritable)
         )
 
 
@@ -200,3 +204,112 @@ def test_completions_steer_and_refuse(sim: SimThread, encoding: HarmonyEncoding)
     assert cut.status_code == 200  # four tokens of an allowed header: a prefix of a match
     bad = {**body, "response_format": {"type": "structural_tag", "format": {"type": "nope"}}}
     assert sim.http.post("/v1/completions", json=bad).status_code == 400
+
+
+# -- without a guided-decoding backend: accepted, ignored, and broken on purpose ---------------
+
+
+def _stock_messages(encoding: HarmonyEncoding, **fields: Any) -> list[Any]:
+    prepared = _prepared(encoding, **fields)
+    constraint = read_constraint(prepared.completion_body.get("response_format"))
+    completion = ScriptedModel(encoding).complete(
+        prepared.prompt_token_ids, constraint=constraint, enforced=False
+    )
+    assert constraint is None or not constraint.accepts(
+        ScriptedModel(encoding).guided_text(completion.token_ids)
+    ), "the unguided model wrote what the constraint allows"
+    return list(completion.messages)
+
+
+def test_the_unguided_model_writes_what_each_constraint_forbids(encoding: HarmonyEncoding) -> None:
+    history = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"type": "function_call", "call_id": "c", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c", "output": "Sunny."},
+    ]
+    # a call under "none", also when its own answer would have been text
+    assert _stock_messages(encoding, tool_choice="none")[-1][1] == "functions.get_weather"
+    after = _stock_messages(encoding, tool_choice="none", input=history)
+    assert after[-1][1] is not None
+    # plain text under "required" and a named function; another function than the named one
+    assert _stock_messages(encoding, tool_choice="required")[-1][:2] == ("final", None)
+    named = _stock_messages(encoding, tool_choice={"type": "function", "name": "get_time"})
+    assert named[-1][1] == "functions.get_weather"
+    # JSON of another shape where a schema is asked, prose where any object is
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    fmt = {"format": {"type": "json_schema", "name": "n", "schema": schema}}
+    channel, _, text = _stock_messages(encoding, tools=None, text=fmt)[-1]
+    assert channel == "final"
+    assert orjson.loads(text) == {"unexpected": True}
+    channel, _, text = _stock_messages(
+        encoding, tools=None, text={"format": {"type": "json_object"}}
+    )[-1]
+    assert channel == "final"
+    with pytest.raises(orjson.JSONDecodeError):
+        orjson.loads(text)
+    # unconstrained, it is the same model as ever
+    free = ScriptedModel(encoding).complete(_prepared(encoding).prompt_token_ids, enforced=False)
+    assert free.messages[-1][1] == "functions.get_weather"
+
+
+@pytest.mark.parametrize(
+    ("schema", "breaking"),
+    [
+        ({"type": "object", "required": ["n"]}, {"unexpected": True}),
+        ({"type": "object"}, []),
+        ({"type": ["object", "array"]}, "unexpected"),
+        ({"type": ["object", "array", "string"]}, None),
+        ({}, {"unexpected": True}),  # nothing breaks an empty schema: the fallback
+    ],
+)
+def test_json_breaking_finds_a_value_the_schema_rejects(schema: Any, breaking: Any) -> None:
+    assert json_breaking(schema) == breaking
+
+
+def test_a_constant_constraint_is_written_only_when_enforced(encoding: HarmonyEncoding) -> None:
+    """The proxy's guided probe: the one text a constant format allows, written by a masked
+    engine, never by the model on its own."""
+    probe = [200006, 1428, 200008, 13225, 200007, 200006, 173781]
+    constant = _constraint(_const("zebra quartz"))
+    assert constant.forced_text() == "zebra quartz"
+    model = ScriptedModel(encoding)
+    forced = model.complete(probe, constraint=constant)
+    assert model.guided_text(forced.token_ids) == "zebra quartz"
+    free = model.complete(probe, constraint=constant, enforced=False)
+    assert not model.guided_text(free.token_ids).startswith("zebra")
+    sequence = _constraint({"type": "sequence", "elements": [_const("a"), _const("<|end|>")]})
+    assert sequence.forced_text() == "a<|end|>"
+    assert _constraint({"type": "any_text"}).forced_text() is None
+
+
+@pytest.fixture(scope="module")
+def stock(encoding: HarmonyEncoding) -> Iterator[SimThread]:
+    config = SimulatorConfig(first_token_seconds=0.0, token_seconds=0.0, guided_decoding=False)
+    with SimThread(encoding, config) as running:
+        yield running
+
+
+def test_a_stock_server_accepts_and_ignores_response_format(
+    stock: SimThread, encoding: HarmonyEncoding
+) -> None:
+    body = dict(_prepared(encoding, tool_choice="none").completion_body)
+    request = {**body, "stream": False, "stream_options": None}
+    answer = stock.http.post("/v1/completions", json=request)
+    assert answer.status_code == 200
+    assert "to=functions.get_weather" in encoding.decode(answer.json()["choices"][0]["token_ids"])
+    call = encoding.encode(
+        "<|channel|>analysis<|message|>x<|end|><|start|>assistant<|channel|>commentary "
+        'to=functions.get_weather <|constrain|>json<|message|>{"city":"P"}<|call|>',
+        allowed_special="all",
+    )
+    replayed = stock.http.post("/v1/completions", json=request, headers=replay_headers(call))
+    assert replayed.status_code == 200  # nothing checks what the engine does not enforce
+    assert replayed.json()["choices"][0]["token_ids"] == call
+    bad = {**request, "response_format": {"type": "structural_tag", "format": {"type": "nope"}}}
+    assert stock.http.post("/v1/completions", json=bad).status_code == 400  # still validated
+
+
+def test_the_simulate_command_models_a_stock_server() -> None:
+    args = build_parser().parse_args(["--no-guided-decoding"])
+    assert config_from_args(args).guided_decoding is False
+    assert config_from_args(build_parser().parse_args([])).guided_decoding is True

@@ -49,10 +49,10 @@ class Workers:
 
     def ready(self) -> dict[int, int]:
         """Worker number → pid of its latest process that said ready and has found upstream
-        capable: until its first probe is back, a worker answers repaired requests 503
-        `upstream_not_capable`. Each process logs "worker ready" once and its first probe's
-        "upstream capability" once, in either order; so a worker is ready when it logged the
-        second as often as the first."""
+        capable: until its first probe is back, a worker's repaired requests wait for it
+        (tests/test_first_probe.py), which would skew timings. Each process logs "worker ready"
+        once and its first probe's "upstream capability" once, in either order; so a worker is
+        ready when it logged the second as often as the first."""
         pids: dict[int, int] = {}
         started: dict[int, int] = {}
         probed: dict[int, int] = {}

@@ -31,11 +31,12 @@ from openai_harmony import HarmonyEncoding, Message
 
 from proxy.errors import ClientError
 from proxy.harmony import tokens
+from proxy.harmony.constraint import OutputConstraint
 from proxy.harmony.reasoning_seal import ReasoningKeys
 from proxy.harmony.request_check import spec_only
 from proxy.harmony.request_fields import Fields, read_fields
 from proxy.harmony.request_fit import fit_prompt
-from proxy.harmony.request_guided import tool_choice_format
+from proxy.harmony.request_guided import output_constraint, tool_choice_format
 from proxy.harmony.request_items import input_messages
 from proxy.harmony.request_prefix import PrefixCache, render_prompt
 from proxy.harmony.request_shapes import TOOL_CHOICE
@@ -61,6 +62,9 @@ class PreparedRequest:
       carry their text sealed (reasoning_seal.py).
     - `top_logprobs`: the request includes `message.output_text.logprobs`: output text carries
       token logprobs with this many alternatives each (None: no logprobs; issue 15).
+    - `constraint`: what `tool_choice` and `text.format` demand of the output (constraint.py;
+      None: nothing). `completion_body` carries its guided decoding as `response_format`,
+      which only an upstream with a guided-decoding backend enforces.
     """
 
     model: str
@@ -73,6 +77,7 @@ class PreparedRequest:
     store: bool = True
     sealed_reasoning: bool = False
     top_logprobs: int | None = None
+    constraint: OutputConstraint | None = None
 
 
 #: The include that asks for token logprobs (issue 15).
@@ -185,6 +190,7 @@ def prepare_request(
         store=fields.store,
         sealed_reasoning="reasoning.encrypted_content" in fields.include,
         top_logprobs=top_logprobs,
+        constraint=output_constraint(fields.tool_choice, toolset, text),
     )
 
 

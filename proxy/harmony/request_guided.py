@@ -50,8 +50,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from proxy.harmony.constraint import TOOL_CHOICE_KINDS, OutputConstraint
 from proxy.harmony.request_check import (
     at,
+    describe,
     fail,
     missing,
     present,
@@ -60,6 +62,7 @@ from proxy.harmony.request_check import (
     want_object,
     want_str,
 )
+from proxy.harmony.request_text import TextConfig
 from proxy.harmony.request_tools import FUNCTIONS, ToolSet
 
 ANALYSIS = "<|channel|>analysis<|message|>"
@@ -117,6 +120,36 @@ def tool_choice_format(
         "stop_after_first": False,
     }
     return {"type": "structural_tag", "format": _sequence([header, later])}
+
+
+def output_constraint(
+    choice: str | dict[str, Any], toolset: ToolSet, text: TextConfig
+) -> OutputConstraint | None:
+    """What `choice` and `text.format` demand of the output, for the check after the fact
+    (constraint.py); None when neither constrains it. The same table as `tool_choice_format`."""
+    final, recipients = _allowed(choice, toolset)
+    if final is None and text.json_kind is None:
+        return None
+    if final is None:
+        return OutputConstraint(text_kind=text.json_kind, schema=text.schema)
+    if isinstance(choice, str):
+        kind, named = TOOL_CHOICE_KINDS[choice], f"tool_choice {choice!r}"
+    else:
+        kind = TOOL_CHOICE_KINDS[choice["type"]]
+        named = (
+            f"tool_choice function {describe(choice.get('name'))}"
+            if choice["type"] == "function"
+            else f"tool_choice allowed_tools (mode {choice.get('mode')!r})"
+        )
+    return OutputConstraint(
+        tool_kind=kind,
+        choice=named,
+        final_allowed=final,
+        recipients=frozenset(recipients),
+        call_required=not final,
+        text_kind=text.json_kind,
+        schema=text.schema,
+    )
 
 
 def _allowed(choice: str | dict[str, Any], toolset: ToolSet) -> tuple[bool | None, list[str]]:

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.harmony.constraint import check_schema
 from proxy.harmony.request_check import (
     at,
     fail,
@@ -60,6 +61,10 @@ class TextConfig:
     #: The structural-tag content the final answer must match (None: free text), for a
     #: `tool_choice` constraint to hold the final answer to as well (request_guided.py).
     final_content: dict[str, Any] | None = None
+    #: `json_schema` / `json_object` when the final answer must be JSON, and its schema: what
+    #: the output is checked against after the fact (constraint.py).
+    json_kind: str | None = None
+    schema: dict[str, Any] | None = None
 
 
 def structural_tag(content: dict[str, Any]) -> dict[str, Any]:
@@ -95,8 +100,15 @@ def read_text(value: Any) -> TextConfig:
     if verbosity is not None:
         echo["verbosity"] = verbosity
     echo.update((key, item) for key, item in text.items() if key not in ("format", "verbosity"))
-    response_format = None if content is None else _response_format(content)
-    return TextConfig(echo=echo, response_format=response_format, final_content=content)
+    if content is None:
+        return TextConfig(echo=echo, response_format=None)
+    return TextConfig(
+        echo=echo,
+        response_format=_response_format(content),
+        final_content=content,
+        json_kind=echo_format["type"],
+        schema=content["json_schema"],
+    )
 
 
 def _read_format(value: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -127,6 +139,11 @@ def _read_format(value: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
     if schema is None:
         missing(at(path, "schema"))
     want_object(schema, at(path, "schema"))
+    invalid = check_schema(schema)
+    if invalid is not None:
+        # What xgrammar would refuse to compile, and what the output could not be checked
+        # against: a 400 before generation.
+        fail(at(path, "schema"), schema, f"not a valid JSON Schema: {invalid}")
     description = present(fmt, "description")
     if description is not None:
         want_str(description, at(path, "description"))

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.harmony.constraint import OutputConstraint
+
 #: prefix ("resp", "rs", "msg", "fc", "call", …) → a new id with that prefix.
 IdFactory = Callable[[str], str]
 #: A reasoning item's text parts → its `encrypted_content` (reasoning_seal.py; issue 14).
@@ -105,7 +107,8 @@ class ResponseContext:
     `created_at`, which keeps the core deterministic); `seal` gives reasoning items their
     `encrypted_content` when the request included it (None: null); `top_logprobs`: the
     request included `message.output_text.logprobs` and wants this many alternatives per token
-    (None: no logprobs, issue 15).
+    (None: no logprobs, issue 15); `constraint`: what `tool_choice` and `text.format` demand of
+    the output, checked as it is parsed (constraint.py; None: nothing).
     """
 
     response_id: str
@@ -118,6 +121,7 @@ class ResponseContext:
     clock: Callable[[], float] | None = None
     seal: Sealer | None = None
     top_logprobs: int | None = None
+    constraint: OutputConstraint | None = None
 
 
 def response_object(

@@ -29,6 +29,13 @@ multi-byte character until it is complete, so no delta carries a broken characte
 `feed` the deltas of an item are coalesced into one event unless `coalesce_deltas` is off. An
 item's done text is the concatenation of its deltas, so they agree by construction (rule 5).
 
+A request that constrains the output (`tool_choice`, `text.format`; constraint.py) has it
+checked as it is parsed: a header the constraint forbids is never announced, a final answer is
+checked at its end, a required call at `finish`. At the first violation `feed` or `finish`
+returns the events up to it and no more; `violation` then says what broke, and the shell must
+end the response with `fail(...)` (it also closes the upstream request: nothing after the
+violation is parsed). Until then `feed` and `finish` refuse to run.
+
 Malformed output is expected input (house-style principle 4). A token the parser rejects is
 dropped and counted by kind in the record; a header the parser rejects leaves the parser waiting
 for `<|start|>`, and we drop tokens until then without feeding them (no exception per token).
@@ -45,6 +52,7 @@ from typing import Any
 from openai_harmony import HarmonyEncoding
 
 from proxy.harmony import events as ev
+from proxy.harmony.constraint import ConstraintCheck, Violation
 from proxy.harmony.items import OpenItem
 from proxy.harmony.logprobs import Logprobs
 from proxy.harmony.parser import HarmonyParser, TokenTable
@@ -57,7 +65,7 @@ from proxy.harmony.response import (
     response_object,
     usage,
 )
-from proxy.harmony.stream_tokens import CONTENT, EXPECT_START, HEADER, TokenMachine
+from proxy.harmony.stream_tokens import CONTENT, EXPECT_START, HEADER, TokenMachine, Violated
 
 
 class StreamStateError(RuntimeError):
@@ -67,6 +75,7 @@ class StreamStateError(RuntimeError):
 class _Phase(Enum):
     NEW = "new"
     STREAMING = "streaming"
+    VIOLATED = "violated"  # the output broke its constraint: only fail() or cancel() now
     ENDED = "ended"
 
 
@@ -116,6 +125,8 @@ class ResponseStream(TokenMachine):
             self._recovery = RecoveryAccounting(encoding, ctx, self._tally, derive=derive_unpatched)
         self._status = "in_progress"
         self._finish_reason: str | None = None
+        self._check = None if ctx.constraint is None else ConstraintCheck(ctx.constraint)
+        self._violation: Violation | None = None
 
     # -- public surface ------------------------------------------------------------------------
 
@@ -154,15 +165,19 @@ class ResponseStream(TokenMachine):
             if top_logprobs is not None and len(top_logprobs) != end:
                 raise ValueError("feed() needs top_logprobs aligned with the token ids")
             self._values, self._top = logprobs, top_logprobs
-        while position < end:
-            if fast and self._parse is CONTENT:
-                position = self._text(token_ids, position)
-                if position == end:
-                    break
-            if tracked:
-                self._position = position
-            self._token(token_ids[position])
-            position += 1
+        try:
+            while position < end:
+                if fast and self._parse is CONTENT:
+                    position = self._text(token_ids, position)
+                    if position == end:
+                        break
+                if tracked:
+                    self._position = position
+                self._token(token_ids[position])
+                position += 1
+        except Violated:
+            self._phase = _Phase.VIOLATED
+            token_ids = token_ids[: position + 1]  # what the parser saw
         if self._open is not None:
             self._flush(self._open)
         if self._recovery is not None:
@@ -193,8 +208,14 @@ class ResponseStream(TokenMachine):
                 output_tokens,
             )
         truncated = finish_reason == _LENGTH
-        if self._open is not None:
-            self._close(self._open, "incomplete" if truncated else "completed")
+        try:
+            if self._open is not None:
+                self._close(self._open, "incomplete" if truncated else "completed")
+            if self._check is not None:
+                self._checked(self._check.end(finish_reason))
+        except Violated:
+            self._phase = _Phase.VIOLATED
+            return self._log.take()
         if truncated:
             self._status = "incomplete"
             terminal = ev.response_event(
@@ -211,9 +232,10 @@ class ResponseStream(TokenMachine):
         return self._log.take()
 
     def fail(self, code: str, message: str) -> list[ev.Event]:
-        """The stream cannot go on (upstream cut, bad frame, timeout, shutdown): close open items
-        as incomplete, then `error` and `response.failed` (contract rule 8)."""
-        self._require(_Phase.STREAMING, "fail")
+        """The stream cannot go on (upstream cut, bad frame, timeout, shutdown, the output broke
+        its constraint): close open items as incomplete, then `error` and `response.failed`
+        (contract rule 8)."""
+        self._require(_Phase.STREAMING, "fail", _Phase.VIOLATED)
         self._end_of_tokens()
         return self._fail(code, message, None)
 
@@ -221,7 +243,7 @@ class ResponseStream(TokenMachine):
         """The response was cancelled (`POST /v1/responses/{id}/cancel`, or its client went
         away): close open items as incomplete and end with `response.failed` carrying status
         `cancelled` — OpenAI's event set has no `response.cancelled` (issue 13)."""
-        self._require(_Phase.STREAMING, "cancel")
+        self._require(_Phase.STREAMING, "cancel", _Phase.VIOLATED)
         self._end_of_tokens()
         if self._open is not None:
             self._close(self._open, "incomplete")
@@ -233,6 +255,12 @@ class ResponseStream(TokenMachine):
     @property
     def ended(self) -> bool:
         return self._phase is _Phase.ENDED
+
+    @property
+    def violation(self) -> Violation | None:
+        """How the output broke the request's constraint (None: it has not); once set, the
+        shell ends the response with `fail` (module doc)."""
+        return self._violation
 
     @property
     def status(self) -> str:
@@ -306,8 +334,8 @@ class ResponseStream(TokenMachine):
             incomplete_details=incomplete,
         )
 
-    def _require(self, phase: _Phase, call: str) -> None:
-        if self._phase is not phase:
+    def _require(self, phase: _Phase, call: str, also: _Phase | None = None) -> None:
+        if self._phase is not phase and self._phase is not also:
             raise StreamStateError(f"{call}() called in phase {self._phase.value!r}")
 
 

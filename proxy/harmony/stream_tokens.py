@@ -5,7 +5,9 @@ class owns what happens per token: every token goes through the Harmony parser, 
 boundaries are read from the token ids (the states mirror the parser's, see stream.py), a
 completed header opens an item (`items.classify`), content becomes its deltas, an end token
 closes it. Malformed output is counted and survived here (house-style principle 4); where our
-parse departs from upstream's, the recovery accounting is told (`_departed`).
+parse departs from upstream's, the recovery accounting is told (`_departed`). When the request
+constrains the output (constraint.py), each completed header and each final answer's end is
+checked; the first violation is kept and raises `Violated`, which stops the frame (stream.py).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from openai_harmony import HarmonyError, Role
 
 from proxy.harmony import events as ev
 from proxy.harmony import tokens as tk
-from proxy.harmony.items import OpenItem, classify
+from proxy.harmony.constraint import ConstraintCheck, Violation
+from proxy.harmony.items import FINAL_CHANNEL, OpenItem, classify
 from proxy.harmony.logprobs import Logprobs
 from proxy.harmony.parser import HarmonyParser
 from proxy.harmony.record import Tally
@@ -43,6 +46,10 @@ _STATE_ERRORS = {
 }
 
 
+class Violated(Exception):
+    """The output broke the request's constraint: parsing stops at this token (`_violation`)."""
+
+
 class TokenMachine:
     """Tokens to events for `ResponseStream`, which sets up the state declared here."""
 
@@ -63,6 +70,10 @@ class TokenMachine:
     _values: Sequence[float]
     _top: Sequence[Mapping[str, float] | None] | None
     _position: int
+    #: The after-the-fact check of the request's constraint (None: it has none), and what broke
+    #: it first.
+    _check: ConstraintCheck | None
+    _violation: Violation | None
 
     def _token(self, token: int) -> None:
         parse = self._parse
@@ -203,6 +214,8 @@ class TokenMachine:
             self._malformed["unexpected_role"] += 1
             self._parse = SKIP
             return
+        if self._check is not None:
+            self._checked(self._check.header(channel, recipient))
         item = classify(
             channel=channel,
             recipient=recipient,
@@ -231,6 +244,16 @@ class TokenMachine:
         self._output.append(item.done_item)
         self._tally.closed(item)
         self._open = None
+        check = self._check
+        if check is not None and status == "completed" and item.channel == FINAL_CHANNEL:
+            self._checked(check.final(item.text))
+
+    def _checked(self, violation: Violation | None) -> None:
+        """Keep the first violation and stop parsing (`Violated`); nothing is open then."""
+        if violation is not None:
+            self._violation = violation
+            self._parse = EXPECT_START
+            raise Violated(violation.message)
 
     def _emit(self, event: ev.Event) -> None:
         self._log.add(event)

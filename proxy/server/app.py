@@ -2,8 +2,9 @@
 
 POST /v1/responses   repaired when the model is in the repair set (repair.py), else passed on
 GET  /healthz        liveness: 200, or 503 once draining
-GET  /readyz         readiness: upstream reachable (its /health) and able to return token ids,
-                     a render worker up (rendering/pool.py), not draining
+GET  /readyz         readiness: the first capability probe has run (capability.py), upstream
+                     reachable (its /health) and able to return token ids, a render worker up
+                     (rendering/pool.py), not draining
 GET  /metrics        Prometheus metrics of the proxy
 *    /v1/responses/…   the stored responses (responses_api.py, issue 13), on the store the
                      lifespan opens from `store_url` (background runs: background.py)
@@ -44,7 +45,8 @@ from proxy.harmony.response import IdFactory, random_id
 from proxy.logs import get_logger
 from proxy.metrics import Metrics
 from proxy.server import asgi, passthrough
-from proxy.server.deps import RepairDeps, ServerState
+from proxy.server.capability import decoder, first_probe, probe_forever
+from proxy.server.deps import RepairDeps, ServerState, until_drained
 from proxy.server.http.budget import BodyBudget, discard_body, read_body
 from proxy.server.http.forwarding import ForwardingMiddleware
 from proxy.server.rendering.pool import Renderer, default_renderer
@@ -55,11 +57,6 @@ from proxy.server.stateful.background import Background
 from proxy.server.stateful.state import Stateful
 from proxy.store import OFF, Store, StoreError, open_store
 from proxy.upstream.client import Upstream
-
-#: Seconds between capability probes while upstream is not (yet) able to serve us.
-PROBE_RETRY = 2.0
-#: Seconds between probes once it is (an upstream restart may swap the server).
-PROBE_PERIOD = 30.0
 
 
 def _harmony_version() -> str:
@@ -154,30 +151,6 @@ def create_app(
     background = Background(deps) if stateful is not None else None
     deps = dataclasses.replace(deps, background=background)
 
-    async def probe_forever() -> None:
-        last = None
-        while True:
-            capability = await upstream.probe()
-            state.capability = capability
-            metrics.upstream_capable.set(1 if capability.token_ids else 0)
-            # /readyz refines this on every probe of the kubelet; without one it stays current.
-            metrics.ready.set(1 if capability.token_ids and not state.draining else 0)
-            if capability != last:
-                level = logging.INFO if capability.token_ids else logging.WARNING
-                log_to.log(
-                    level,
-                    "upstream capability",
-                    extra={
-                        "upstream": settings.upstream_url,
-                        "capable": capability.token_ids,
-                        "logprobs": capability.logprobs,
-                        "detail": capability.detail,
-                        "model": capability.model,
-                    },
-                )
-                last = capability
-            await asyncio.sleep(PROBE_PERIOD if capability.token_ids else PROBE_RETRY)
-
     async def open_the_store() -> None:
         if stateful is None:
             return
@@ -200,7 +173,9 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await renderer.start()
         await open_the_store()
-        probe = asyncio.create_task(probe_forever())
+        probe = asyncio.create_task(
+            probe_forever(upstream, settings, state, metrics, log_to, decoder(encoding))
+        )
         try:
             yield
         finally:
@@ -261,6 +236,12 @@ def create_app(
                 await _reject(send, error, request_id, started, close=close)
                 return
             model = body.get("model")
+            if not state.probed.is_set():  # a new worker: what upstream can do is not known yet
+                try:
+                    await until_drained(state, first_probe(state))
+                except UnavailableError as error:
+                    await _reject(send, error, request_id, started)
+                    return
             if (isinstance(model, str) and not settings.repairs(model)) or (
                 not state.capability.token_ids and settings.passthrough_when_incapable
             ):
@@ -349,15 +330,20 @@ def create_app(
         rendering = renderer.ready()
         if not rendering and reachable:
             detail = "no render worker is ready yet"
-        ready = reachable and state.capability.token_ids and rendering and not state.draining
+        capability = state.capability
+        probed = state.probed.is_set()
+        ready = probed and reachable and capability.token_ids and rendering and not state.draining
         metrics.ready.set(1 if ready else 0)
         body = {
             "ready": ready,
             "draining": state.draining,
             "upstream": settings.upstream_url,
+            "probed": probed,
             "upstream_reachable": reachable,
-            "token_ids": state.capability.token_ids,
-            "logprobs": state.capability.logprobs,
+            "token_ids": capability.token_ids,
+            "logprobs": capability.logprobs,
+            "guided_decoding": capability.guided_decoding,
+            "unenforced_constraints": settings.unenforced_constraints,
             "render_ready": rendering,
             "detail": "draining" if state.draining else detail,
         }

@@ -20,7 +20,8 @@ from proxy.harmony.request_prefix import PrefixCache
 from proxy.harmony.response import IdFactory
 from proxy.metrics import Metrics
 from proxy.server.rendering.pool import Renderer
-from proxy.upstream.client import Capability, Upstream
+from proxy.upstream.client import Upstream
+from proxy.upstream.probe import Capability
 
 if TYPE_CHECKING:
     from proxy.server.stateful.background import Background
@@ -32,6 +33,9 @@ T = TypeVar("T")
 SHUTTING_DOWN = "server_shutting_down"
 
 _UNKNOWN = Capability(False, False, "upstream not probed yet")
+#: Seconds a request waits for the first capability probe to end (capability.py): above the
+#: few seconds a probe takes from a busy upstream, below a client's patience.
+FIRST_PROBE_WAIT = 10.0
 
 
 @dataclass
@@ -39,6 +43,10 @@ class ServerState:
     """Mutable state shared by all requests of one app (owned by the app, injected here)."""
 
     capability: Capability = _UNKNOWN
+    #: Set once the first capability probe has ended (capability.py): until then requests
+    #: wait for it rather than take `_UNKNOWN` for upstream's answer.
+    probed: asyncio.Event = field(default_factory=asyncio.Event)
+    first_probe_wait: float = FIRST_PROBE_WAIT
     in_flight: int = 0
     #: Requests being handled on the proxy's own routes (app.py), for the drain (runner.py).
     active: int = 0

@@ -4,8 +4,11 @@ to the client (a stream, or one JSON answer), its failures, and its stored copy'
 `response.created`/`in_progress` go out as soon as upstream accepted the request, before its
 first token. After that every failure — upstream cut, `{"error": …}` frame, malformed frame,
 first-token or idle timeout, `[DONE]` without a finish, shutdown — ends the stream with the
-core's `error` + `response.failed`. A client that goes away cancels the exchange, whose
-`async with` closes the upstream request at once (trtllm-serve then aborts generation).
+core's `error` + `response.failed`; so does output that breaks the request's `tool_choice` or
+`text.format` (the core's `violation`, code `constraint_violated`), at once: the upstream request
+is closed there, and a `stream: false` answer is the failed response object. A client that goes
+away cancels the exchange, whose `async with` closes the upstream request at once (trtllm-serve
+then aborts generation).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from starlette.types import Send
 
 from proxy import sse
 from proxy.errors import UpstreamError
+from proxy.harmony.constraint import CONSTRAINT_VIOLATED
 from proxy.harmony.request import PreparedRequest
 from proxy.harmony.response import ResponseContext
 from proxy.harmony.stream import ResponseStream
@@ -62,6 +66,11 @@ class Exchange:
     delivered: bool = False
     #: Where the events of a stored response go (issue 13); None: not stored.
     recorder: Recorder | None = None
+    #: Whether upstream enforces `response_format` (None: unknown), and whether it takes the
+    #: field at all: a stock trtllm-serve takes and ignores it (sent anyway: harmless), a
+    #: server that refused it in the probe would refuse the request (left out).
+    guided: bool | None = None
+    takes_response_format: bool = True
     ctx: ResponseContext = field(init=False)
     _core: ResponseStream | None = field(default=None, init=False, repr=False)
 
@@ -78,6 +87,7 @@ class Exchange:
             clock=deps.clock,  # completed_at (issue 14)
             seal=deps.reasoning_keys.seal if prepared.sealed_reasoning else None,
             top_logprobs=prepared.top_logprobs,
+            constraint=prepared.constraint,
         )
 
     @property
@@ -138,10 +148,12 @@ class Exchange:
                 self.selfcheck.observe(end.events)
                 self._note(end.events)
                 await self._keep(end.events)
-                message = end.events[-2]["message"]
-                status = 504 if self.error_code == "upstream_timeout" else 502
-                raise UpstreamError(message, status=status, code=self.error_code) from None
-            await _release(frames)
+                if self.error_code != CONSTRAINT_VIOLATED:  # that one answers the failed object
+                    message = end.events[-2]["message"]
+                    status = 504 if self.error_code == "upstream_timeout" else 502
+                    raise UpstreamError(message, status=status, code=self.error_code) from None
+            else:
+                await _release(frames)
         assert self.snapshot is not None
         await asgi.send_json(
             send, 200, self.snapshot, [(b"x-request-id", self.request_id.encode())]
@@ -160,8 +172,11 @@ class Exchange:
         # The client's own X-Request-Id is replaced by ours (the same when it was a sane one),
         # as on the pass-through route: never two of them, never the client's junk, upstream.
         headers = [(n, v) for n, v in self.headers if n.lower() != asgi.REQUEST_ID]
+        body = self.prepared.completion_body
+        if not self.takes_response_format and "response_format" in body:
+            body = {key: value for key, value in body.items() if key != "response_format"}
         return self.deps.upstream.completion_stream(
-            self.prepared.completion_body,
+            body,
             [*headers, (asgi.REQUEST_ID, self.request_id)],
             timeout=self.deps.settings.first_token_timeout,
         )
@@ -234,8 +249,10 @@ class Exchange:
                         self.phase = "streaming"
                         timeout_kind = "idle"
                         deadline = arrived + settings.idle_timeout
-                if frame.finish_reason is not None:
+                if frame.finish_reason is not None and core.violation is None:
                     events += core.finish(frame.finish_reason, frame.stop_reason)
+                if core.violation is not None:
+                    self._violated(events)
                 if events:
                     yield events
                     sent = deps.monotonic()
@@ -256,6 +273,24 @@ class Exchange:
             kind = "timeout" if code == "upstream_timeout" else code
             self.deps.metrics.upstream_errors.labels(kind).inc()
         raise _End(self.core.fail(code, message))
+
+    def _violated(self, events: list[dict[str, Any]]) -> None:
+        """The output broke its constraint: end the response after `events` (and the upstream
+        request with it), counted by the constraint's kind and whether upstream enforced it."""
+        violation = self.core.violation
+        assert violation is not None
+        self.error_code = CONSTRAINT_VIOLATED
+        enforced = "true" if self.guided else "false"
+        self.deps.metrics.constraint_violations.labels(violation.kind, enforced).inc()
+        how = (
+            "upstream enforced response_format"
+            if self.guided
+            else "upstream does not enforce response_format; the output was checked after the fact"
+        )
+        # The response object's `error.code` is a closed set (`server_error` here): the message
+        # carries the code too, for the non-streamed and stored object.
+        message = f"{CONSTRAINT_VIOLATED}: {violation.message} ({how})"
+        raise _End(events + self.core.fail(CONSTRAINT_VIOLATED, message))
 
     async def _keep(self, events: list[dict[str, Any]]) -> None:
         """Hand a batch to the recorder: at once, or — the terminal batch — stored first."""

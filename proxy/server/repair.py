@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.types import Scope, Send
 
 from proxy.errors import ClientError, ProxyError, UnavailableError, UpstreamError
+from proxy.harmony.constraint import OutputConstraint
 from proxy.harmony.request import PreparedRequest
 from proxy.metrics import CLIENT_TIMEOUT
 from proxy.server import asgi
@@ -37,6 +38,7 @@ from proxy.server.exchange import Exchange
 from proxy.server.stateful.background import answer_background
 from proxy.server.stateful.scope import refuse_without_store, scope_of
 from proxy.server.stateful.state import Context
+from proxy.upstream.probe import Capability
 
 if TYPE_CHECKING:
     pass
@@ -93,6 +95,15 @@ async def serve_repaired(
                 param="include",
                 code="logprobs_unavailable",
             )
+        constraint = prepared.constraint
+        guided = state.capability.guided
+        if constraint is not None and not guided and settings.unenforced_constraints == "refuse":
+            # Never a silent success (the output would go unchecked by the engine): the client
+            # learns before generation, and what would fix it.
+            metrics.constraint_refusals.labels(constraint.kind).inc()
+            raise ClientError(
+                refusal(constraint, state.capability), param=constraint.param, code=NOT_ENFORCED
+            )
         if settings.max_concurrent_streams and state.in_flight >= settings.max_concurrent_streams:
             outcome = "rejected"
             raise ClientError(
@@ -101,7 +112,15 @@ async def serve_repaired(
                 status=429,
                 code="too_many_streams",
             )
-        exchange = Exchange(deps, prepared, request_id, started, asgi.header_pairs(scope))
+        exchange = Exchange(
+            deps,
+            prepared,
+            request_id,
+            started,
+            asgi.header_pairs(scope),
+            guided=guided,
+            takes_response_format=state.capability.takes_response_format,
+        )
         queued: dict[str, Any] | None = None
         if context is not None and stateful is not None and context.recorded:
             if context.background and deps.background is not None:
@@ -192,6 +211,27 @@ def finish_exchange(
 ) -> None:
     """Count and log an exchange that ran without a client of its own (background.py)."""
     _finish(deps, exchange, outcome, stream_label, model, exchange.started, body)
+
+
+#: The 400's code when a constraint would go unenforced and the policy is to refuse it.
+NOT_ENFORCED = "constraint_not_enforced"
+
+
+def refusal(constraint: OutputConstraint, capability: Capability) -> str:
+    """The 400's message: what is refused, why, and the two settings that change it."""
+    known = (
+        "does not enforce response_format"
+        if capability.guided is False
+        else "has not been found to enforce response_format"
+    )
+    return (
+        f"{constraint.describe()} is enforced by guided decoding, and upstream {known} "
+        f"({capability.guided_detail}). Start trtllm-serve with "
+        "'guided_decoding_backend: xgrammar' in its --extra_llm_api_options YAML (then set "
+        "the proxy's guided_decoding = auto or on), or set the proxy's unenforced_constraints "
+        "= best_effort to have the output checked instead (a response that breaks the "
+        "constraint then ends failed with constraint_violated)."
+    )
 
 
 def _outcome(exchange: Exchange) -> str:

@@ -25,7 +25,10 @@ real server (`tests/fixtures/trtllm-oracle/`, `tests/fixtures/trtllm-prompts/`).
 `/v1/chat/completions` is a plain, correct Harmony chat (chat.py), not a model of upstream's.
 A `/v1/completions` `response_format` of type `structural_tag` is enforced (guided.py): the
 scripted model writes the first of its answers the format accepts, as a masked engine steers
-gpt-oss, and replayed ids that break it are refused with a 400.
+gpt-oss, and replayed ids that break it are refused with a 400 — as trtllm-serve does when it was
+started with a guided-decoding backend. `--no-guided-decoding` (`SimulatorConfig.guided_decoding`)
+models a stock server instead: `response_format` is still validated (a malformed one is a 400)
+and then ignored, and the scripted model writes what it forbids when it can (model.py).
 
 Outputs become available on the engine's schedule (first output after `first_token_seconds`,
 each further one `token_seconds` per token later), whether or not sending kept up; a client

@@ -39,6 +39,10 @@ class SimulatorConfig:
     - `completion_logprobs`: `/v1/completions` answers `logprobs: k` (builds from early 2026,
       trtllm-serve.md §6); False models an older build, which takes the field and returns
       `logprobs: null`.
+    - `guided_decoding`: the server was started with a guided-decoding backend
+      (`guided_decoding_backend: xgrammar`), so a `/v1/completions` `response_format` is
+      enforced; False models a stock server, which takes `response_format` and ignores it
+      (guided.py: its scripted model then writes what the format forbids, when it can).
     - `version`: what `GET /version` reports.
     - `record_limit`: how many request records `app.state.simulator.requests` keeps.
     - `max_body_bytes`: the largest request body accepted (413 beyond).
@@ -59,6 +63,7 @@ class SimulatorConfig:
     postprocess_workers: bool = False
     max_seq_len: int = 131072
     completion_logprobs: bool = True
+    guided_decoding: bool = True
     version: str = "1.2.0"
     record_limit: int = 1000
     max_body_bytes: int = 32 * 1024 * 1024

@@ -38,7 +38,9 @@ def run_generation(
 ) -> tuple[Generation, list[EngineOutput]]:
     """Generate for `prompt_ids` and cut the result into engine outputs, split at `split`
     (token counts where faults fire). The scripted model is steered by `constraint` (guided
-    decoding); replayed ids that break it raise `GuidedError`."""
+    decoding); replayed ids that break it raise `GuidedError`. Without a guided-decoding backend
+    (`config.guided_decoding` off) nothing enforces `constraint`: the model is told so, and
+    replayed ids go out as they are."""
     config = state.config
     source: Iterable[int]
     if options.replay is not None:
@@ -49,6 +51,7 @@ def run_generation(
             min_tokens=options.sim_tokens,
             preamble=options.preamble,
             constraint=constraint,
+            enforced=config.guided_decoding,
         )
     generation = generate(
         source,
@@ -56,7 +59,7 @@ def run_generation(
         limit=config.max_seq_len - len(prompt_ids),
         return_in_ids=stop_kept(options, config.return_in_ids),
     )
-    if constraint is not None and options.replay is not None:
+    if constraint is not None and options.replay is not None and config.guided_decoding:
         _check_replay(state, generation, constraint)
     grouping = Grouping(
         stream_interval=options.stream_interval,

@@ -51,6 +51,11 @@ class Constraint:
         ends = _ends(self.format, text, 0)
         return _PARTIAL in ends or len(text) in ends
 
+    def forced_text(self) -> str | None:
+        """The one text the format allows, when it is a constant (a `const_string`, or a
+        sequence of them): what a masked engine writes whatever the model wanted."""
+        return _constant(self.format)
+
     def json_schema(self) -> dict[str, Any] | None:
         """The schema of the first `json_schema` in the format (the final answer's, in what the
         proxy and upstream send), for the scripted model to write an answer that matches."""
@@ -92,6 +97,26 @@ def json_instance(schema: Any) -> Any:
         return [json_instance(schema.get("items"))] if schema.get("minItems") else []
     properties = schema.get("properties") or {}
     return {name: json_instance(properties.get(name)) for name in schema.get("required") or ()}
+
+
+def json_breaking(schema: Any) -> Any:
+    """A small JSON value that `schema` rejects (what a model unguided may write instead), or
+    an object with an unexpected key when the simulator's checks reject none of them."""
+    candidates: tuple[Any, ...] = ({"unexpected": True}, [], "unexpected", None)
+    for value in candidates:
+        if not _fits(value, schema):
+            return value
+    return {"unexpected": True}
+
+
+def _constant(fmt: dict[str, Any]) -> str | None:
+    if fmt["type"] == "const_string":
+        value = fmt["value"]
+        return value if isinstance(value, str) else None
+    if fmt["type"] == "sequence":
+        parts = [_constant(element) for element in fmt["elements"]]
+        return None if None in parts else "".join(p for p in parts if p is not None)
+    return None
 
 
 # -- reading --------------------------------------------------------------------------------------

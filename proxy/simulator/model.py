@@ -18,7 +18,15 @@ reads the prompt (`prompt.py`) and writes, as token ids:
 Given a guided-decoding constraint (`guided.py`), the model writes the first of its candidate
 answers the constraint accepts, as a masked engine steers gpt-oss: the answer above, a call to
 each other declared function in turn, a prose final answer, a JSON final answer made from the
-constraint's schema. None accepted is `GuidedError`.
+constraint's schema. None accepted is `GuidedError`. A constraint that allows one constant text
+only (the proxy's guided probe) is written as that text.
+
+When nothing enforces the constraint (a server without a guided-decoding backend ignores
+`response_format`: `enforced=False`) the model is an adversary of a proxy that would trust
+upstream: it writes the first of its candidates the constraint *rejects* — its own answer when
+that breaks it (a call under tool_choice "none", a call to another function, prose where JSON is
+asked), else a call to another function, a prose answer (under "required"), or, when the
+constraint asks for JSON of a schema, first a JSON answer that breaks the schema.
 
 The texts carry unicode on purpose (accents, CJK, emoji that take several tokens each, so a
 character is split across tokens and often across engine outputs). `min_tokens` pads reasoning
@@ -44,7 +52,7 @@ import orjson
 from openai_harmony import HarmonyEncoding
 
 from proxy.harmony.tokens import CALL, CHANNEL, CONSTRAIN, END, MESSAGE, RETURN, START
-from proxy.simulator.guided import Constraint, GuidedError, json_instance
+from proxy.simulator.guided import Constraint, GuidedError, json_breaking, json_instance
 from proxy.simulator.prompt import Function, Prompt, read_prompt
 
 Piece = str | int  # text, or a special token id
@@ -86,10 +94,19 @@ class ScriptedModel:
         min_tokens: int | None = None,
         preamble: bool = False,
         constraint: Constraint | None = None,
+        enforced: bool = True,
     ) -> Completion:
-        """The completion this model writes for `prompt_ids`, steered by `constraint`."""
+        """The completion this model writes for `prompt_ids`, steered by `constraint` — or, not
+        `enforced`, against it (module doc)."""
+        forced = None if constraint is None or not enforced else constraint.forced_text()
+        if forced is not None:
+            ids = self._encoding.encode(forced, allowed_special="all")
+            return Completion((*ids, RETURN), (("final", None, forced),))
         prompt = read_prompt(self._encoding, prompt_ids)
-        plan = self._steered(prompt, preamble, constraint)
+        if enforced:
+            plan = self._steered(prompt, preamble, constraint)
+        else:
+            plan = self._unguided(prompt, preamble, constraint)
         completion = self._render(plan)
         if min_tokens is not None and len(completion.token_ids) < min_tokens:
             completion = self._padded(plan, min_tokens, len(completion.token_ids))
@@ -102,11 +119,16 @@ class ScriptedModel:
         min_tokens: int | None = None,
         preamble: bool = False,
         constraint: Constraint | None = None,
+        enforced: bool = True,
     ) -> Iterator[int]:
         """The completion's ids, then what the model writes when nothing stops it (module doc);
         endless: the engine takes what it needs."""
         completion = self.complete(
-            prompt_ids, min_tokens=min_tokens, preamble=preamble, constraint=constraint
+            prompt_ids,
+            min_tokens=min_tokens,
+            preamble=preamble,
+            constraint=constraint,
+            enforced=enforced,
         )
         yield from completion.token_ids
         yield from self.continuation(completion)
@@ -130,6 +152,22 @@ class ScriptedModel:
             if constraint.accepts(self.guided_text(self._render(plan).token_ids)):
                 return plan
         raise GuidedError("the scripted model has no answer that this response_format accepts")
+
+    def _unguided(
+        self, prompt: Prompt, preamble: bool, constraint: Constraint | None
+    ) -> list[_Message]:
+        """The first candidate `constraint` rejects (its own answer when there is none)."""
+        plans = list(_plans(prompt, preamble, constraint))
+        if constraint is None:
+            return plans[0]
+        schema = constraint.json_schema()
+        if schema is not None and schema != {"type": "object"}:
+            question = _quote(prompt.user_text) or "(nothing)"
+            plans.insert(0, _json_answer(question, preamble, json_breaking(schema)))
+        for plan in plans:
+            if not constraint.accepts(self.guided_text(self._render(plan).token_ids)):
+                return plan
+        return plans[0]
 
     def continuation(self, completion: Completion) -> Iterator[int]:
         """What follows the completion's last token when the engine does not stop there."""
@@ -265,12 +303,15 @@ def _plans(
     yield _plan(Prompt(prompt.user_text, (), prompt.tool_name, prompt.tool_output), preamble)
     schema = None if constraint is None else constraint.json_schema()
     if schema is not None:
-        answer = orjson.dumps(json_instance(schema)).decode()
-        yield [
-            _Message("analysis", f"The user asks: “{question}”. I answer in the JSON asked for."),
-            *_preamble(preamble, "Writing the JSON… ⏳"),
-            _Message("final", answer, json=True),
-        ]
+        yield _json_answer(question, preamble, json_instance(schema))
+
+
+def _json_answer(question: str, preamble: bool, value: object) -> list[_Message]:
+    return [
+        _Message("analysis", f"The user asks: “{question}”. I answer in the JSON asked for."),
+        *_preamble(preamble, "Writing the JSON… ⏳"),
+        _Message("final", orjson.dumps(value).decode(), json=True),
+    ]
 
 
 def _preamble(wanted: bool, text: str) -> list[_Message]:

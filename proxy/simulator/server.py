@@ -183,6 +183,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="model a build before early 2026: /v1/completions returns no logprobs",
     )
+    add(
+        "--no-guided-decoding",
+        action="store_true",
+        help="model a trtllm-serve without a guided-decoding backend: response_format is "
+        "accepted and ignored (the scripted model writes what it forbids)",
+    )
     add("--log-level", default="info", help="uvicorn log level (default %(default)s)")
     return parser
 
@@ -206,6 +212,7 @@ def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
         replay=replay,
         postprocess_workers=args.postprocess_workers,
         completion_logprobs=not args.no_completion_logprobs,
+        guided_decoding=not args.no_guided_decoding,
     )
 
 

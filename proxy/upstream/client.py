@@ -18,20 +18,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import orjson
 
 from proxy.errors import ClientError, UpstreamError
-from proxy.upstream.completions import (
-    FrameError,
-    describe_error_body,
-    error_message,
-    read_logprobs,
-)
+from proxy.upstream.completions import describe_error_body, error_message
 from proxy.upstream.frames import Frames
+from proxy.upstream.probe import Capability, Decode, probe
 from proxy.upstream.stream import (
     ConnectTimeout,
     MalformedResponseError,
@@ -83,18 +78,6 @@ def end_to_end(
     }
     excluded = HOP_BY_HOP | named | {name.lower() for name in drop}
     return [(name, value) for name, value in pairs if name.lower() not in excluded]
-
-
-@dataclass(frozen=True, slots=True)
-class Capability:
-    """What the startup probe found: can upstream's /v1/completions return token ids, and
-    token logprobs with them (issue 15: builds from early 2026)?"""
-
-    reachable: bool
-    token_ids: bool
-    detail: str
-    model: str | None = None
-    logprobs: bool = False
 
 
 class Upstream:
@@ -234,62 +217,10 @@ class Upstream:
         answer = await self._client.get("/health", timeout=2.0)
         return answer.status_code
 
-    async def probe(self, model: str | None = None) -> Capability:
-        """Ask upstream for one token with `detokenize: false`: does it give token ids? Then,
-        once more with `logprobs: 1`: does it give their logprobs (issue 15)? A separate
-        request, so that a build which refuses `logprobs` still serves everything else."""
-        try:
-            if model is None:
-                models = await self._client.get("/v1/models", timeout=10.0)
-                data = models.json().get("data") or [{}]
-                model = str(data[0].get("id") or "") or None
-            body = {
-                "model": model,
-                "prompt": [200006, 1428, 200008, 13225, 200007, 200006, 173781],
-                "max_tokens": 1,
-                "detokenize": False,
-                "stream": False,
-            }
-            answer = await self._client.post("/v1/completions", json=body, timeout=30.0)
-        except (httpx.HTTPError, ValueError, AttributeError, IndexError) as exc:
-            return Capability(False, False, f"upstream not reachable: {type(exc).__name__}", model)
-        if answer.status_code != 200:
-            said = error_message(answer.content) or describe_error_body(
-                answer.content, answer.headers.get("content-type", "")
-            )
-            detail = f"/v1/completions answered {answer.status_code}: {said}"
-            return Capability(True, False, detail, model)
-        try:
-            choice = answer.json()["choices"][0]
-        except (ValueError, KeyError, IndexError, TypeError):
-            return Capability(True, False, "/v1/completions answered no choices", model)
-        if not isinstance(choice.get("token_ids"), list):
-            detail = (
-                "/v1/completions returned no token_ids for detokenize=false: this trtllm-serve "
-                "is too old to repair; upgrade it, or set passthrough_when_incapable"
-            )
-            return Capability(True, False, detail, model)
-        logprobs, said = await self._probe_logprobs({**body, "logprobs": 1})
-        return Capability(True, True, f"token ids available; {said}", model, logprobs)
-
-    async def _probe_logprobs(self, body: dict[str, Any]) -> tuple[bool, str]:
-        """Whether upstream gives completions logprobs aligned with the token ids, and what
-        the probe found in words (for /readyz and the start-up log)."""
-        try:
-            answer = await self._client.post("/v1/completions", json=body, timeout=30.0)
-        except httpx.HTTPError as exc:
-            return False, f"token logprobs unknown: the probe failed ({type(exc).__name__})"
-        if answer.status_code != 200:
-            said = error_message(answer.content) or f"HTTP {answer.status_code}"
-            return False, f"no token logprobs (/v1/completions with logprobs: {said[:200]})"
-        try:
-            choice = answer.json()["choices"][0]
-            read_logprobs(choice.get("logprobs"), len(choice["token_ids"]))
-        except (ValueError, KeyError, IndexError, TypeError):
-            return False, "no token logprobs (this trtllm-serve's /v1/completions gives none)"
-        except FrameError as exc:
-            return False, f"no usable token logprobs ({exc.message})"
-        return True, "token logprobs available"
+    async def probe(self, model: str | None = None, *, decode: Decode | None = None) -> Capability:
+        """What upstream's /v1/completions can do for us (probe.py): token ids, token logprobs,
+        and — given `decode` to read the ids — whether it enforces `response_format`."""
+        return await probe(self._client, model, decode)
 
     @asynccontextmanager
     async def forward(

@@ -178,6 +178,7 @@ async def simulated_upstream(
         SimulatorConfig(
             stream_interval=settings.simulator_stream_interval,
             token_seconds=settings.simulator_token_seconds,
+            guided_decoding=settings.simulator_guided_decoding,
         ),
         encoding,
     )
