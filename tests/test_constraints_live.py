@@ -292,6 +292,18 @@ def test_an_upstream_said_not_to_enforce_is_refused_without_a_probe(
         proxy.close()
 
 
+def test_none_without_tools_needs_no_engine(proxies: dict[str, Proxy]) -> None:
+    """`tool_choice: "none"` with no function tool asks nothing of the engine (no function is
+    in the prompt): served on a stock upstream under `refuse`, still checked after the fact."""
+    proxy = proxies["stock/refuse"]
+    body = {"model": MODEL, "input": "Hi", "tool_choice": "none"}
+    response = assert_well_formed(streamed(proxy.client(), body))
+    assert response["status"] == "completed"
+    assert not [item for item in response["output"] if item["type"] == "function_call"]
+    with pytest.raises(openai.BadRequestError, match="constraint_not_enforced|guided"):
+        proxy.client(max_retries=0).responses.create(**body_for("none"))
+
+
 # -- stored and background responses behave the same ---------------------------------------------
 
 

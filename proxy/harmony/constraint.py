@@ -71,6 +71,10 @@ class OutputConstraint:
     call_required: bool = False
     text_kind: str | None = None
     schema: dict[str, Any] | None = None
+    #: Whether holding the output to it needs the engine: `tool_choice: "none"` with no
+    #: callable tool declared asks nothing the model does not already do (no function is in
+    #: its prompt), so the check after the fact is enough even where upstream enforces nothing.
+    engine_needed: bool = True
 
     @property
     def kind(self) -> str:

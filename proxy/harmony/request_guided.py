@@ -134,6 +134,8 @@ def output_constraint(
         return OutputConstraint(text_kind=text.json_kind, schema=text.schema)
     if isinstance(choice, str):
         kind, named = TOOL_CHOICE_KINDS[choice], f"tool_choice {choice!r}"
+        if choice == "none" and text.json_kind is None and not _recipients(toolset):
+            return OutputConstraint(tool_kind=kind, choice=named, engine_needed=False)
     else:
         kind = TOOL_CHOICE_KINDS[choice["type"]]
         named = (

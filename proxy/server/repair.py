@@ -97,7 +97,12 @@ async def serve_repaired(
             )
         constraint = prepared.constraint
         guided = state.capability.guided
-        if constraint is not None and not guided and settings.unenforced_constraints == "refuse":
+        if (
+            constraint is not None
+            and constraint.engine_needed
+            and not guided
+            and settings.unenforced_constraints == "refuse"
+        ):
             # Never a silent success (the output would go unchecked by the engine): the client
             # learns before generation, and what would fix it.
             metrics.constraint_refusals.labels(constraint.kind).inc()
