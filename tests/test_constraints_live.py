@@ -300,7 +300,7 @@ def test_none_without_tools_needs_no_engine(proxies: dict[str, Proxy]) -> None:
     response = assert_well_formed(streamed(proxy.client(), body))
     assert response["status"] == "completed"
     assert not [item for item in response["output"] if item["type"] == "function_call"]
-    with pytest.raises(openai.BadRequestError, match="constraint_not_enforced|guided"):
+    with pytest.raises(openai.BadRequestError, match=r"constraint_not_enforced|guided"):
         proxy.client(max_retries=0).responses.create(**body_for("none"))
 
 
