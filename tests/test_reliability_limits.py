@@ -1,7 +1,8 @@
 """HTTP server limits on real loopback sockets (issue 12, item 2): oversized heads and too many
 headers (431, nothing forwarded), slow heads (408 / close), body pauses and slow bodies (408),
-keep-alive idle, and the connection cap that sheds idle keep-alive connections before it
-refuses a new one. Clients are raw sockets; answers are parsed with h11 (tests/rawhttp.py).
+keep-alive idle, and the connection cap that sheds connections without a whole head, then idle
+keep-alive ones, before it refuses a new one. Clients are raw sockets; answers are parsed with
+h11 (tests/rawhttp.py).
 """
 
 from __future__ import annotations
@@ -259,7 +260,9 @@ def test_keep_alive_connections_close_when_idle(quick: Proxy) -> None:
 
 @pytest.fixture
 def capped(upstream: tuple[UpstreamDouble, str], encoding: HarmonyEncoding) -> Iterator[Proxy]:
-    with running_proxy(upstream[1], encoding, max_connections=6, header_timeout=2.0) as proxy:
+    with running_proxy(
+        upstream[1], encoding, max_connections=6, header_timeout=2.0, body_timeout=2.0
+    ) as proxy:
         yield proxy
 
 
@@ -291,22 +294,75 @@ def test_the_cap_sheds_the_longest_idle_keep_alive_connection(capped: Proxy) -> 
             sock.close()
 
 
-def test_the_cap_refuses_with_503_when_no_connection_is_idle(capped: Proxy) -> None:
+def test_the_cap_sheds_connections_without_a_head_first(capped: Proxy) -> None:
+    """At the cap the connections that have not sent a whole head go first, oldest first —
+    silent or partway through a head — then the longest-idle keep-alive one; a connection with
+    a request in flight (here a pass-through answer still streaming) is never closed for room."""
+    port = port_of(capped.url)
+
+    def connect() -> socket.socket:
+        return socket.create_connection(("127.0.0.1", port), timeout=10)
+
+    idle = [connect() for _ in range(2)]
+    held: list[socket.socket] = []
+    try:
+        for sock in idle:
+            assert _healthz(sock) == 200
+        waiting = [connect(), connect(), connect()]
+        waiting[1].sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n")  # partway through a head
+        streaming = connect()
+        streaming.sendall(request("GET", "/sse?count=15&pause=0.2"))
+        held = [*idle, *waiting, streaming]
+        assert wait_until(lambda: capped.metric("proxy_client_connections") == 6, 5)
+        time.sleep(0.2)  # the partial head and the stream's head are read
+        for number, shed in enumerate(waiting):
+            newcomer = connect()
+            held.append(newcomer)
+            assert _healthz(newcomer) == 200  # served at once...
+            read = read_all(shed, 5)  # ...the oldest connection without a head closed for it
+            assert read.closed
+            if number == 1:  # it had sent part of a head: told why
+                (answer,) = parse(read.data, ["GET"])
+                assert_error(answer, 503, "too_many_connections")
+                assert answer.headers["retry-after"] == "1"
+            else:
+                assert read.data == b""  # it had sent nothing: nobody to answer
+        newcomer = connect()
+        held.append(newcomer)
+        assert _healthz(newcomer) == 200
+        assert read_all(idle[0], 5).closed  # none left without a head: the longest idle
+        assert _healthz(idle[1]) == 200
+        (answer,) = parse(read_all(streaming, 10, ["GET"]).data, ["GET"])
+        assert answer.complete
+        assert answer.body.endswith(b"data: [DONE]\n\n")
+        assert capped.metric("proxy_http_limits_total", kind="headless_shed") == 3
+        assert capped.metric("proxy_http_limits_total", kind="idle_shed") == 1
+        assert capped.metric("proxy_http_limits_total", kind="connection_refused") == 0
+    finally:
+        for sock in held or idle:
+            sock.close()
+
+
+def test_the_cap_refuses_with_503_when_every_connection_has_a_request_in_flight(
+    capped: Proxy,
+) -> None:
     port = port_of(capped.url)
     busy = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(6)]
     try:
-        for sock in busy:
-            sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n")  # a head under way
+        payload = orjson.dumps(body("x" * 500))
+        for sock in busy:  # a head in, its body under way: a request in flight
+            sock.sendall(request("POST", "/v1/responses", payload)[: -len(payload)] + b"{")
         assert wait_until(lambda: capped.metric("proxy_client_connections") == 6, 5)
+        time.sleep(0.2)
         read = exchange(port, request("GET", "/healthz"), timeout=5)
         (answer,) = read.answers
         assert_error(answer, 503, "too_many_connections")
         assert answer.headers["retry-after"] == "1"
         assert read.closed
         assert capped.metric("proxy_http_limits_total", kind="connection_refused") == 1
-        # The slow heads run out of time; then a client gets in.
+        # The bodies run out of time; then a client gets in.
         for sock in busy:
-            (late,) = parse(read_all(sock, 5).data, ["GET"])
+            (late,) = parse(read_all(sock, 5).data, ["POST"])
             assert late.status == 408
         assert wait_until(lambda: capped.metric("proxy_client_connections") == 0, 5)
         (served,) = exchange(port, request("GET", "/healthz"), timeout=5).answers
