@@ -39,8 +39,9 @@ from tests.wellformed import assert_well_formed
 
 OPEN_FILES = 256
 SILENT = 300
-#: Streams running while the silent connections arrive: ~2 s each.
+#: Streams running while the silent connections arrive: 300 tokens, ~9 s each.
 RUNNING = 4
+LONG = {"x-sim-tokens": "300"}
 #: Connections opened all at once.
 BURST = 600
 
@@ -59,8 +60,10 @@ def metric(url: str, name: str) -> float:
     return 0.0
 
 
-async def streamed(client: httpx.AsyncClient, text: str) -> list[dict[str, object]]:
-    answer = await client.post("/v1/responses", json=body(text, max_output_tokens=60))
+async def streamed(
+    client: httpx.AsyncClient, text: str, headers: dict[str, str] | None = None
+) -> list[dict[str, object]]:
+    answer = await client.post("/v1/responses", json=body(text), headers=headers)
     assert answer.status_code == 200, answer.text[:300]
     return sse_events(answer.content)
 
@@ -87,7 +90,8 @@ def test_silent_connections_never_starve_a_stream(sim: SimThread, tmp_path: Path
             limits = httpx.Limits(max_connections=RUNNING + 5)
             async with httpx.AsyncClient(base_url=process.url, timeout=30, limits=limits) as client:
                 running = [
-                    asyncio.create_task(streamed(client, f"running {n}")) for n in range(RUNNING)
+                    asyncio.create_task(streamed(client, f"running {n}", LONG))
+                    for n in range(RUNNING)
                 ]
                 await asyncio.sleep(0.3)  # their heads are in: requests in flight
                 port = port_of(process.url)
@@ -96,9 +100,11 @@ def test_silent_connections_never_starve_a_stream(sim: SimThread, tmp_path: Path
                 await asyncio.sleep(0.5)
                 descriptors = len(os.listdir(f"/proc/{process.pid}/fd"))
                 assert descriptors < OPEN_FILES - 16, descriptors
+                assert not any(task.done() for task in running)
                 started = time.monotonic()
-                events = await streamed(client, "a newcomer")
-                assert time.monotonic() - started < 10
+                async with httpx.AsyncClient(base_url=process.url, timeout=30) as newcomer:
+                    events = await streamed(newcomer, "a newcomer")  # on a new connection
+                assert time.monotonic() - started < 5
                 assert assert_well_formed(events)["status"] == "completed"
                 for done in await asyncio.gather(*running):  # never shed: in flight
                     assert assert_well_formed(done)["status"] == "completed"
