@@ -343,6 +343,41 @@ def test_the_cap_sheds_connections_without_a_head_first(capped: Proxy) -> None:
             sock.close()
 
 
+def test_the_cap_closes_a_lingering_connection_before_any_other(capped: Proxy) -> None:
+    """A connection answered already (a 431, its client still holding it open while the proxy
+    lingers) goes before the older connections that have not sent a head yet."""
+    port = port_of(capped.url)
+    silent = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(5)]
+    answered = socket.create_connection(("127.0.0.1", port), timeout=5)
+    try:
+        answered.sendall(request("GET", "/healthz", headers=[("x-big", "a" * 70_000)]))
+        (refused,) = parse(read_all(answered, 5).data, ["GET"])  # up to our FIN: lingering
+        assert refused.status == 431
+        assert wait_until(lambda: capped.metric("proxy_client_connections") == 6, 5)
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as newcomer:
+            assert _healthz(newcomer) == 200
+        assert capped.metric("proxy_http_limits_total", kind="headless_shed") == 0
+        for sock in silent:  # none of them closed
+            sock.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                sock.recv(1)
+        assert _reset(answered)  # the lingering one was closed: a reset for what follows
+    finally:
+        for sock in [*silent, answered]:
+            sock.close()
+
+
+def _reset(sock: socket.socket) -> bool:
+    """Whether the peer has closed `sock` for good: a send fails within half a second."""
+    try:
+        for _ in range(50):
+            sock.sendall(b"x" * 1024)
+            time.sleep(0.01)
+    except OSError:
+        return True
+    return False
+
+
 def test_the_cap_refuses_with_503_when_every_connection_has_a_request_in_flight(
     capped: Proxy,
 ) -> None:

@@ -80,6 +80,8 @@ class ClosingProtocol(HttpToolsProtocol):
         self._waiting = False
         self._idle = False
         self._lingering = False
+        #: The transport of this connection's cycles (`_CycleTransport`); Any because uvicorn
+        #: types a cycle's as `asyncio.Transport`, of which the cycle calls only these three.
         self._cycle_transport: Any = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
