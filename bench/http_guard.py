@@ -2,10 +2,13 @@
 uvicorn's plain httptools protocol, side by side in one run.
 
     .venv/bin/python bench/http_guard.py [--rounds 7] [--requests 2000] [--frames 5000]
+        [--baseline DIR]
 
 Two server processes run the same tiny ASGI app on core 0, one at a time in use: under uvicorn's
 `HttpToolsProtocol` ("plain") and under `GuardedProtocol` at the default limits ("guarded"), both
-on uvloop. The load generator (core 1) alternates them every round and measures:
+on uvloop. `--baseline DIR` adds a third, the guard of another checkout of the project (its own
+bench/http_guard.py serves it: "guarded (base)"), for a before/after in one run. The load
+generator (core 1) alternates them every round and measures:
 
 - requests: keep-alive `GET` round trips on one connection (per request: the head's parsing,
   the guard's head timer and bookkeeping);
@@ -37,7 +40,9 @@ from proxy.config import Settings
 from proxy.server.http.guard import Guard, Limits
 from proxy.server.processes.runner import loop_factory
 
+ROOT = Path(__file__).resolve().parent.parent
 KINDS = ("plain", "guarded")
+BASE = "guarded (base)"
 UPLOAD = 16 * 1024 * 1024
 PIECE = 64 * 1024
 
@@ -128,25 +133,27 @@ async def upload(port: int) -> float:
 
 async def run(args: argparse.Namespace) -> None:
     pinned = harness.pin_self(harness.BENCH_CORE)
+    kinds = [*KINDS, BASE] if args.baseline else list(KINDS)
     servers = {}
-    for kind in KINDS:
+    for kind in kinds:
         port = harness.free_port()
-        argv = [str(Path(__file__).resolve()), "--serve", str(port), "--kind", kind]
+        root, served = (Path(args.baseline).resolve(), "guarded") if kind == BASE else (ROOT, kind)
+        argv = [str(root / "bench" / "http_guard.py"), "--serve", str(port), "--kind", served]
         servers[kind] = await harness.start_process(
-            kind, argv, port, core=harness.PROXY_CORE, ready_path="/ping"
+            kind, argv, port, core=harness.PROXY_CORE, ready_path="/ping", cwd=root
         )
     results: dict[str, dict[str, list[float]]] = {
-        kind: {"requests": [], "stream": [], "upload": []} for kind in KINDS
+        kind: {"requests": [], "stream": [], "upload": []} for kind in kinds
     }
     #: The server's own CPU seconds per phase, summed over the rounds (10 ms /proc ticks).
     cpu: dict[str, dict[str, float]] = {
-        kind: {"requests": 0.0, "stream": 0.0, "upload": 0.0} for kind in KINDS
+        kind: {"requests": 0.0, "stream": 0.0, "upload": 0.0} for kind in kinds
     }
     try:
-        for kind in KINDS:  # warm up
+        for kind in kinds:  # warm up
             await requests(servers[kind].port, 50)
         for number in range(args.rounds):
-            order = KINDS if number % 2 == 0 else KINDS[::-1]
+            order = kinds if number % 2 == 0 else kinds[::-1]
             for kind in order:
                 server = servers[kind]
                 for phase, measure in (
@@ -166,7 +173,7 @@ async def run(args: argparse.Namespace) -> None:
         f"one 16 MiB upload per round and server"
     )
     rows = []
-    for kind in KINDS:
+    for kind in kinds:
         measured, used = results[kind], cpu[kind]
         rows.append(
             [
@@ -198,6 +205,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--frames", type=int, default=5000)
+    parser.add_argument("--baseline", help="a checkout of another revision, served as a third")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--kind", choices=KINDS, help=argparse.SUPPRESS)
     args = parser.parse_args()

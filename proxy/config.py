@@ -111,7 +111,8 @@ FIELDS: tuple[Field, ...] = (
           "from connecting); then 408 and close (slowloris)"),
     Field("body_timeout", values.positive_float, 30.0,
           "seconds a request body may pause; after its first body_timeout seconds it must "
-          "also average body_min_rate; else 408"),
+          "also average body_min_rate (it is cut at body_timeout + bytes received / "
+          "body_min_rate); else 408"),
     Field("body_min_rate", values.non_negative_int, 1024,
           "bytes per second a request body must average once it took body_timeout seconds "
           "(0: no minimum)"),
@@ -119,9 +120,10 @@ FIELDS: tuple[Field, ...] = (
           "seconds an idle keep-alive client connection stays open (above the 5 s of "
           "common client pools, so the client closes first)"),
     Field("max_connections", values.non_negative_int, 2048,
-          "open client connections; over it the longest-idle keep-alive connection is closed, "
-          "or without one the new connection gets 503 (0: no cap; lowered to fit the "
-          "open-file limit)"),
+          "open client connections; over it the oldest connection without a whole request "
+          "head is closed, else the longest-idle keep-alive one, never one with a request in "
+          "flight; with none to close the new connection gets 503 (0: no cap; lowered to fit "
+          "the open-file limit)"),
     Field("trusted_proxies", values.addresses, (),
           "comma-separated IPs or CIDR blocks of proxies in front of this one: their "
           "X-Forwarded-For chain is appended to and names the client; from other peers "

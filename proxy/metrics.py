@@ -75,6 +75,7 @@ HTTP_LIMIT_KINDS = (
     "too_many_headers",
     "head_timeout",
     "body_timeout",
+    "headless_shed",
     "idle_shed",
     "connection_refused",
     "pipeline_full",

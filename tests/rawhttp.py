@@ -144,3 +144,14 @@ async def read_async(reader: asyncio.StreamReader, timeout: float) -> Read:
     except ConnectionResetError:
         return Read(data, closed=True)
     return Read(data, closed=True)
+
+
+def assert_error(answer: Answer, status: int, code: str) -> None:
+    """A complete OpenAI-style JSON error with `code`, the connection's last answer."""
+    assert answer.complete, answer
+    assert answer.status == status, answer
+    assert answer.headers["connection"] == "close"
+    assert answer.headers["content-type"] == "application/json"
+    error = answer.json()["error"]
+    assert error["code"] == code, error
+    assert set(error) == {"message", "type", "param", "code"}

@@ -236,10 +236,12 @@ def start_proxy_process(
     *flags: str,
     env: Mapping[str, str] | None = None,
     cpus: str | None = None,
+    open_files: int | None = None,
 ) -> ProxyProcess:
     """`python -m proxy serve` against `upstream_url`, JSON log to `log`, ready to serve;
     `env`: variables added to the process's environment; `cpus`: its affinity (`taskset -c`,
-    which execs the proxy: the pid is the proxy's)."""
+    which execs the proxy: the pid is the proxy's); `open_files`: its RLIMIT_NOFILE, soft and
+    hard (as `ulimit -n` would set it)."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROXY_")} | dict(env or {})
     pinned = ("taskset", "-c", cpus) if cpus is not None else ()
@@ -253,6 +255,7 @@ def start_proxy_process(
             env=env,
             stdout=sink,
             stderr=sink,
+            preexec_fn=None if open_files is None else _open_files_limit(open_files),
         )
     process = ProxyProcess(popen, f"http://127.0.0.1:{port}", log)
 
@@ -266,6 +269,13 @@ def start_proxy_process(
         process.stop()
         raise AssertionError(f"proxy did not become ready: {process.log_text()[-2000:]}")
     return process
+
+
+def _open_files_limit(count: int) -> Any:
+    def limit() -> None:  # in the child, before it execs the proxy
+        resource.setrlimit(resource.RLIMIT_NOFILE, (count, count))
+
+    return limit
 
 
 def log_problems(text: str) -> list[str]:

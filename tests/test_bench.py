@@ -168,8 +168,10 @@ def test_body_memory_reads_the_rss_of_the_proxy_and_its_workers() -> None:
 
 
 def test_http_guard_compares_both_protocols() -> None:
-    table = rows(bench("http_guard.py", "--rounds", "1", "--requests", "20", "--frames", "50"))
-    for kind in ("plain", "guarded"):
+    """And a third, another checkout's guard (`--baseline`; this checkout stands in for it)."""
+    argv = ("--rounds", "1", "--requests", "20", "--frames", "50", "--baseline", str(ROOT))
+    table = rows(bench("http_guard.py", *argv))
+    for kind in ("plain", "guarded", "guarded (base)"):
         round_trip, _, per_frame, _, upload, _ = (float(cell) for cell in table[kind])
         assert round_trip > 0
         assert per_frame > 0

@@ -1,7 +1,7 @@
 """HTTP server limits on real loopback sockets (issue 12, item 2): oversized heads and too many
 headers (431, nothing forwarded), slow heads (408 / close), body pauses and slow bodies (408),
-keep-alive idle, and the connection cap that sheds idle keep-alive connections before it
-refuses a new one. Clients are raw sockets; answers are parsed with h11 (tests/rawhttp.py).
+and keep-alive idle (the connection cap: tests/test_reliability_cap.py). Clients are raw sockets;
+answers are parsed with h11 (tests/rawhttp.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 from openai_harmony import HarmonyEncoding
 
 from tests.live import LiveServer
-from tests.rawhttp import Answer, exchange, parse, port_of, read_all, request
+from tests.rawhttp import assert_error, exchange, parse, port_of, read_all, request
 from tests.reliability import Proxy, body, running_proxy, wait_until
 from tests.upstream_double import UpstreamDouble
 
@@ -51,16 +51,6 @@ def quick(upstream: tuple[UpstreamDouble, str], encoding: HarmonyEncoding) -> It
 
 def limit_count(proxy: Proxy, kind: str) -> float:
     return proxy.metric("proxy_http_limits_total", kind=kind)
-
-
-def assert_error(answer: Answer, status: int, code: str) -> None:
-    assert answer.complete, answer
-    assert answer.status == status, answer
-    assert answer.headers["connection"] == "close"
-    assert answer.headers["content-type"] == "application/json"
-    error = answer.json()["error"]
-    assert error["code"] == code, error
-    assert set(error) == {"message", "type", "param", "code"}
 
 
 def send_while_reading(port: int, data: bytes, *, timeout: float = 10.0) -> bytes:
@@ -252,65 +242,3 @@ def test_keep_alive_connections_close_when_idle(quick: Proxy) -> None:
     assert "connection" not in answer.headers  # kept alive...
     assert read.closed  # ...until keepalive_timeout, closed without a word
     assert 0.8 < time.monotonic() - started < 4.5
-
-
-# -- the connection cap --------------------------------------------------------------------------
-
-
-@pytest.fixture
-def capped(upstream: tuple[UpstreamDouble, str], encoding: HarmonyEncoding) -> Iterator[Proxy]:
-    with running_proxy(upstream[1], encoding, max_connections=6, header_timeout=2.0) as proxy:
-        yield proxy
-
-
-def _healthz(sock: socket.socket) -> int:
-    sock.sendall(request("GET", "/healthz"))
-    data = b""
-    while b'"status"' not in data:
-        chunk = sock.recv(65536)
-        assert chunk, "closed"
-        data += chunk
-    return parse(data, ["GET"])[0].status
-
-
-def test_the_cap_sheds_the_longest_idle_keep_alive_connection(capped: Proxy) -> None:
-    port = port_of(capped.url)
-    idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(6)]
-    try:
-        for sock in idle:
-            assert _healthz(sock) == 200
-        assert wait_until(lambda: capped.metric("proxy_client_connections") == 6, 5)
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as newcomer:
-            assert _healthz(newcomer) == 200
-        assert read_all(idle[0], 5).closed  # the oldest idle one made room
-        assert _healthz(idle[1]) == 200  # the others are untouched
-        assert capped.metric("proxy_http_limits_total", kind="idle_shed") == 1
-        assert capped.metric("proxy_http_limits_total", kind="connection_refused") == 0
-    finally:
-        for sock in idle:
-            sock.close()
-
-
-def test_the_cap_refuses_with_503_when_no_connection_is_idle(capped: Proxy) -> None:
-    port = port_of(capped.url)
-    busy = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(6)]
-    try:
-        for sock in busy:
-            sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n")  # a head under way
-        assert wait_until(lambda: capped.metric("proxy_client_connections") == 6, 5)
-        read = exchange(port, request("GET", "/healthz"), timeout=5)
-        (answer,) = read.answers
-        assert_error(answer, 503, "too_many_connections")
-        assert answer.headers["retry-after"] == "1"
-        assert read.closed
-        assert capped.metric("proxy_http_limits_total", kind="connection_refused") == 1
-        # The slow heads run out of time; then a client gets in.
-        for sock in busy:
-            (late,) = parse(read_all(sock, 5).data, ["GET"])
-            assert late.status == 408
-        assert wait_until(lambda: capped.metric("proxy_client_connections") == 0, 5)
-        (served,) = exchange(port, request("GET", "/healthz"), timeout=5).answers
-        assert served.status == 200
-    finally:
-        for sock in busy:
-            sock.close()

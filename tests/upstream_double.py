@@ -66,6 +66,10 @@ class Seen:
     started: float = field(default_factory=time.monotonic)
     ended: float | None = None
     disconnected: bool = False
+    #: The client and scheme as this server's uvicorn made them out: like trtllm-serve's, it
+    #: believes `X-Forwarded-For`/`-Proto` from 127.0.0.1 (its default `forwarded_allow_ips`).
+    client: str = ""
+    scheme: str = ""
 
     def json(self) -> Any:
         return orjson.loads(self.body)
@@ -104,6 +108,8 @@ class UpstreamDouble:
             scope["query_string"].decode(),
             {k.decode(): v.decode() for k, v in scope["headers"]},
             body,
+            client=scope["client"][0] if scope.get("client") else "",
+            scheme=scope.get("scheme", ""),
         )
         self.seen.append(seen)
         watcher = asyncio.ensure_future(self._watch(receive, seen))

@@ -10,7 +10,8 @@ selfcheck.py    deltas against the terminal snapshot, on every stream
 deadline.py     one lazily re-armed timer per stream for its waits (issue 17)
 
 http/           what a client may send or hold (issue 12): guard.py + guard_protocol.py (HTTP
-                limits on a uvicorn protocol, pipelining), forwarding.py, budget.py (body memory)
+                limits on a uvicorn protocol, pipelining), closing.py (lingering closes, room
+                under the cap), forwarding.py, budget.py (body memory)
 rendering/      rendering off the event loop (issue 12): pool.py (the Renderer seam: cheap bodies
                 inline, the rest in worker processes), worker.py (prepare_request over a pipe)
 stateful/       the stored half of the API (issues 13, 16): scope.py, state.py (context, leases,

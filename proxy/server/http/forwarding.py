@@ -5,8 +5,12 @@ trtllm-serve runs uvicorn, which believes `X-Forwarded-For`/`-Proto` from 127.0.
 sidecar proxy's own address — so whatever a client wrote there used to become trtllm-serve's idea
 of the client. `ForwardingMiddleware` rewrites each request's headers before any route sees them:
 
-- dropped from the client: `X-Forwarded-For`, `-Host`, `-Proto`, `-Port`, `Forwarded`,
-  `X-Real-IP`;
+- dropped from the client: every `X-Forwarded-*` (`-For`, `-Host`, `-Proto`, `-Port`, `-Prefix`,
+  `-Server`, …), `Forwarded`, `X-Real-IP`, the client addresses CDNs and load balancers set
+  (`True-Client-IP`, `X-Client-IP`, `X-Cluster-Client-IP`, `CF-Connecting-IP`,
+  `Fastly-Client-IP`, `X-Original-Forwarded-For`), and the request-target rewrites some
+  frameworks honour (`X-Original-URL`, `X-Rewrite-URL`, `X-Original-Host`): a server behind us
+  must learn the client, scheme, host and target from us alone;
 - set by us: `X-Forwarded-For` (the peer's address), `X-Forwarded-Proto` (the connection's
   scheme), `X-Forwarded-Host` (the request's `Host`);
 - when the peer is one of `trusted_proxies` (a load balancer in front of us), its chain is kept
@@ -26,7 +30,8 @@ from typing import Any, cast
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
-#: Forwarding headers a client may send; never passed on as sent.
+#: Forwarding headers a client may send; never passed on as sent (module doc). Any other name
+#: starting with `x-forwarded-` is dropped too (`_PREFIX`).
 CLIENT_FORWARDING = frozenset(
     {
         b"x-forwarded-for",
@@ -35,8 +40,22 @@ CLIENT_FORWARDING = frozenset(
         b"x-forwarded-port",
         b"forwarded",
         b"x-real-ip",
+        b"true-client-ip",
+        b"x-client-ip",
+        b"x-cluster-client-ip",
+        b"cf-connecting-ip",
+        b"fastly-client-ip",
+        b"x-original-forwarded-for",
+        b"x-original-url",
+        b"x-rewrite-url",
+        b"x-original-host",
     }
 )
+_PREFIX = b"x-forwarded-"
+#: Header names remembered as no forwarding header, per middleware: a set lookup per header
+#: instead of the exact-name lookup plus a prefix test (which doubled the function's cost).
+#: Bounded, so a client inventing names cannot grow it.
+PLAIN_NAMES = 256
 _SCHEMES = frozenset({b"http", b"https"})
 
 
@@ -52,6 +71,7 @@ class ForwardingMiddleware:
             headers = ProxyHeadersMiddleware(cast(Any, app), trusted_hosts=list(trusted_proxies))
             self._app = cast(ASGIApp, headers)
             self._trusted = headers.trusted_hosts
+        self._plain: set[bytes] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -59,21 +79,35 @@ class ForwardingMiddleware:
             peer = client[0] if client else ""
             trusted = self._trusted is not None and peer in self._trusted
             scope["headers"] = forwarded_headers(
-                scope["headers"], peer, scope.get("scheme", "http"), trusted=trusted
+                scope["headers"],
+                peer,
+                scope.get("scheme", "http"),
+                trusted=trusted,
+                plain=self._plain,
             )
         await self._app(scope, receive, send)
 
 
 def forwarded_headers(
-    headers: Sequence[tuple[bytes, bytes]], peer: str, scheme: str, *, trusted: bool
+    headers: Sequence[tuple[bytes, bytes]],
+    peer: str,
+    scheme: str,
+    *,
+    trusted: bool,
+    plain: set[bytes] | None = None,
 ) -> list[tuple[bytes, bytes]]:
-    """`headers` with the client's forwarding headers replaced by ours (module doc)."""
+    """`headers` with the client's forwarding headers replaced by ours (module doc); `plain`:
+    names known to be no forwarding header, added to (up to `PLAIN_NAMES`)."""
+    if plain is None:
+        plain = set()
     kept: list[tuple[bytes, bytes]] = []
     chain: list[bytes] = []
     proto = host = None
     own_host = None
     for name, value in headers:
-        if name in CLIENT_FORWARDING:
+        if name in plain:
+            pass
+        elif name in CLIENT_FORWARDING or name.startswith(_PREFIX):
             if trusted:
                 if name == b"x-forwarded-for":
                     chain.append(value.strip())
@@ -82,6 +116,8 @@ def forwarded_headers(
                 elif name == b"x-forwarded-host" and host is None:
                     host = value.strip()
             continue
+        elif len(plain) < PLAIN_NAMES:
+            plain.add(name)
         if name == b"host" and own_host is None:
             own_host = value
         kept.append((name, value))

@@ -15,21 +15,31 @@ adds what is missing; the parser, the ASGI cycle and the whole response directio
     body_timeout,        no body byte for body_timeout, or the body       408 before the response
     body_min_rate        averaging under body_min_rate after that         started, else close
     keepalive_timeout    idle between two requests                        close (uvicorn's timer)
-    max_connections      a new connection over the cap                    close the longest-idle
-                                                                          keep-alive connection,
+    max_connections      a new connection over the cap                    close one without a
+                                                                          request in flight,
                                                                           else 503 + Retry-After
 
 Every answer is an OpenAI-style JSON error with `connection: close`, followed by a lingering
-close (RFC 9112 §9.6): our FIN goes first and what the client still sends is read and dropped
-for up to `LINGER_SECONDS`, so the client reads the answer instead of a reset.
+close: our FIN goes first and what the client still sends is read and dropped, within bounds,
+so the client reads the answer instead of a reset (closing.py). At the cap, the connection
+closed for room is the longest-lingering one, else the oldest that has not sent a whole request
+head, else the longest-idle keep-alive one; never one with a request in flight.
 
-The protocol itself: `proxy/server/http/guard_protocol.py`.
+Open files. Every client connection takes a descriptor, and one more for its upstream request;
+past the open-file limit accept() fails with EMFILE, and the event loop resets the connections
+waiting in the listen backlog, real clients' among them. `serve` raises the soft limit to the
+hard one and fits, within it: what is open already and a reserve (`FD_SPARE`, and each render
+worker's pipe), the listen backlog (one accept burst takes it whole before the guard sees any
+of it; a quarter of what is left), and `max_connections` at two descriptors each.
+
+The protocol itself: `proxy/server/http/guard_protocol.py`; how connections end: `closing.py`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import resource
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,10 +47,17 @@ from typing import Any
 
 from proxy.config import Settings
 from proxy.metrics import Metrics
+from proxy.server.http.closing import ClosingProtocol
 from proxy.server.http.guard_protocol import GuardedProtocol
 
-#: Open files kept for everything but client connections and their upstream connections.
-FD_RESERVE = 64
+#: Open files kept, beyond those open when the guard is made, for what is not a client
+#: connection or its upstream request: the store (an SQLite file and its journal, or Redis
+#: connections), upstream's probe client, the metrics port, what libraries open later.
+FD_SPARE = 48
+#: Open files of each render worker, in the proxy's process (its pipe and its socket).
+FD_PER_RENDER_WORKER = 2
+#: uvicorn's listen backlog, when the open-file limit leaves room for it.
+BACKLOG = 2048
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,15 +72,19 @@ class Limits:
     keepalive_timeout: float
     #: 0: no cap.
     max_connections: int
+    #: Connections the kernel may queue until they are accepted (uvicorn's `backlog`).
+    backlog: int = BACKLOG
 
     @classmethod
     def of(cls, settings: Settings) -> Limits:
-        return cls(**{name: getattr(settings, name) for name in cls.__dataclass_fields__})
+        names = [name for name in cls.__dataclass_fields__ if name != "backlog"]
+        return cls(**{name: getattr(settings, name) for name in names})
 
 
 class Guard:
     """What the connections of one server share: the limits, the number of open connections,
-    the keep-alive connections now idle (oldest first), and where limit events go."""
+    the registers of those that may be closed for room (closing.py), and where limit events
+    go."""
 
     def __init__(
         self,
@@ -77,7 +98,11 @@ class Guard:
         #: processes a scrape cannot read another process's count; issue 17).
         self.connections: Callable[[int], None] = connections or (lambda count: None)
         self.open = 0
-        self.idle: dict[GuardedProtocol, None] = {}
+        # The registers, each oldest first (insertion order): answered and lingering; waiting
+        # for a request head; idle keep-alive.
+        self.lingering: dict[ClosingProtocol, None] = {}
+        self.waiting: dict[ClosingProtocol, None] = {}
+        self.idle: dict[ClosingProtocol, None] = {}
 
     def protocol(self) -> type[GuardedProtocol]:
         """The protocol class for `uvicorn.Config(http=...)`, bound to this guard."""
@@ -91,14 +116,29 @@ class Guard:
         """`uvicorn.Config` keywords for a server guarded by this guard. uvicorn's own forwarding
         middleware stays off: the app applies it with `trusted_proxies` (forwarding.py), after
         noting the real peer; uvicorn's default would trust any client on 127.0.0.1."""
-        return {"http": self.protocol(), "ws": "none", "proxy_headers": False}
+        return {
+            "http": self.protocol(),
+            "ws": "none",
+            "proxy_headers": False,
+            "backlog": self.limits.backlog,
+        }
+
+    def make_room(self) -> bool:
+        """Close one connection for a new one over the cap (module doc); False when every
+        connection has a request in flight."""
+        for register in (self.lingering, self.waiting, self.idle):
+            if register:
+                next(iter(register)).shed()  # which leaves the register
+                return True
+        return False
 
 
 def http_guard(settings: Settings, metrics: Metrics, logger: logging.Logger) -> Guard:
     """The guard of `serve`: the limits of `settings`, reported to `metrics`, with
-    `max_connections` fitted to the open-file limit (raised to its hard maximum first)."""
-    fitted = fit_connections(settings.max_connections, logger)
-    limits = dataclasses.replace(Limits.of(settings), max_connections=fitted)
+    `max_connections` and the listen backlog fitted to the open-file limit (raised to its hard
+    maximum first)."""
+    fitted, backlog = fit_open_files(settings.max_connections, settings.render_workers, logger)
+    limits = dataclasses.replace(Limits.of(settings), max_connections=fitted, backlog=backlog)
     return Guard(
         limits,
         lambda kind: metrics.http_limits.labels(kind).inc(),
@@ -106,10 +146,9 @@ def http_guard(settings: Settings, metrics: Metrics, logger: logging.Logger) -> 
     )
 
 
-def fit_connections(requested: int, logger: logging.Logger) -> int:
-    """`requested` connections (0: no cap), or fewer if the open-file limit cannot hold them:
-    each needs its own descriptor and one for its upstream request (issue 12: with a 256-file
-    limit, slow clients took every descriptor and accept() failed for everyone else)."""
+def fit_open_files(requested: int, render_workers: int, logger: logging.Logger) -> tuple[int, int]:
+    """(max_connections, listen backlog) within the open-file limit (module doc): `requested`
+    connections (0: no cap) or fewer, and `BACKLOG` or less."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != hard:
         # As Go's runtime does: the soft limit (often 1024) is a default, the hard one the grant.
@@ -118,13 +157,29 @@ def fit_connections(requested: int, logger: logging.Logger) -> int:
             soft = hard
         except (ValueError, OSError):  # pragma: no cover - a platform that refuses
             pass
-    if not requested or soft == resource.RLIM_INFINITY:
-        return requested
-    fits = max(1, (soft - FD_RESERVE) // 2)
-    if requested > fits:
+    if soft == resource.RLIM_INFINITY:
+        return requested, BACKLOG
+    reserve = _open_now() + FD_SPARE + FD_PER_RENDER_WORKER * render_workers
+    room = max(4, soft - reserve)
+    backlog = max(1, min(BACKLOG, room // 4))
+    fits = max(1, (room - backlog) // 2)
+    if requested and requested > fits:
         logger.warning(
             "max_connections lowered to fit the open-file limit",
-            extra={"max_connections": requested, "fitted": fits, "open_file_limit": soft},
+            extra={
+                "max_connections": requested,
+                "fitted": fits,
+                "backlog": backlog,
+                "open_file_limit": soft,
+            },
         )
-        return fits
-    return requested
+        return fits, backlog
+    return requested, backlog
+
+
+def _open_now() -> int:
+    """Descriptors this process has open (Linux; elsewhere a guess)."""
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:  # pragma: no cover - no /proc
+        return 16

@@ -7,7 +7,9 @@ more of its requests are being answered (`_running`, then uvicorn's `pipeline` q
 timer runs from the accept, or from the first byte of a later request, until the head is in;
 the body timer from then until the body is in. A refusal (`_Refusal`, raised from a parser
 callback so that llhttp stops) is answered at once, or after the answers ahead of it; from
-then on input is read and dropped (`_discarding`) until the lingering close ends.
+then on input is read and dropped (`_discarding`) until the lingering close ends. How a
+connection ends — answers, lingering closes, and the registers of connections that may be closed
+for room under the cap — is `ClosingProtocol`'s (closing.py), which this class extends.
 
 Pipelining (item 7). uvicorn answers pipelined requests in order from a queue, but its
 `connection_lost` tells only the newest parsed request (`self.cycle`) that the client went away:
@@ -29,26 +31,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any
 
 import httptools
-import orjson
-from uvicorn.protocols.http.httptools_impl import (
-    STATUS_LINE,
-    HttpToolsProtocol,
-    RequestResponseCycle,
-)
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from proxy.errors import ClientError, ProxyError
-
-if TYPE_CHECKING:
-    from proxy.server.http.guard import Guard
+from proxy.server.http.closing import ClosingProtocol
 
 #: Requests a client may queue behind the one being answered (module doc, item 7).
 MAX_PIPELINED = 32
-#: How long a connection we answered and closed still drains what its client sends.
-LINGER_SECONDS = 1.0
-_LINGER_BYTES = 256 * 1024
 
 
 class _Refusal(Exception):
@@ -61,11 +53,9 @@ class _Refusal(Exception):
         self.error = error
 
 
-class GuardedProtocol(HttpToolsProtocol):
+class GuardedProtocol(ClosingProtocol):
     """uvicorn's httptools protocol with the limits of the module doc (bound to a `Guard` by
     `Guard.protocol`)."""
-
-    guard: ClassVar[Guard]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -73,22 +63,16 @@ class GuardedProtocol(HttpToolsProtocol):
         # uvicorn's keep-alive timer, in seconds as given (its Config takes whole seconds).
         self.timeout_keep_alive = self._limits.keepalive_timeout  # type: ignore[assignment]
         self._counted = False
-        self._idle = False
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
-        self._in_head = True  # between two requests, or inside a head
-        #: Bytes of the reads that began between requests, until a head is in: what bounds a
-        #: head not yet complete (the parser holds its unfinished line itself), give or take the
-        #: part of one read that followed an earlier request.
-        self._head_bytes = 0
-        self._in_body = False
+        # `_in_head`: between two requests, or inside a head. `_head_bytes`: bytes of the reads
+        # that began between requests, until a head is in: what bounds a head not yet complete
+        # (the parser holds its unfinished line itself), give or take the part of one read that
+        # followed an earlier request. Both, and `_in_body`, are declared by ClosingProtocol.
         self._body_bytes = 0
         self._body_started = 0.0
         self._body_seen = 0.0
         self._running: RequestResponseCycle | None = None
-        #: Answered (or over the pipeline limit): input is dropped, never parsed again.
-        self._discarding = False
-        self._discard_budget: int | None = None
         #: A refusal waiting for the responses ahead of it (a pipelined bad head).
         self._pending: _Refusal | None = None
 
@@ -104,26 +88,22 @@ class GuardedProtocol(HttpToolsProtocol):
         # head is closed like one that sends it too slowly.
         self._head_timer = self.loop.call_later(self._limits.header_timeout, self._head_timeout)
         cap = self._limits.max_connections
-        if cap and guard.open > cap:
-            if guard.idle:
-                oldest = next(iter(guard.idle))
-                guard.observe("idle_shed")
-                oldest._close_idle()
-            else:
-                guard.observe("connection_refused")
-                error = ProxyError(
-                    f"the proxy has its limit of {cap} client connections open; retry shortly",
-                    status=503,
-                    code="too_many_connections",
-                )
-                self._answer(503, error, [b"retry-after: 1\r\n"])
+        if cap and guard.open > cap and not guard.make_room():
+            guard.observe("connection_refused")  # every connection has a request in flight
+            error = ProxyError(
+                f"the proxy has its limit of {cap} client connections open; retry shortly",
+                status=503,
+                code="too_many_connections",
+            )
+            self._answer(503, error, [b"retry-after: 1\r\n"])
+        else:
+            self._enter_waiting()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._counted:
             self._counted = False
             self.guard.open -= 1
             self.guard.connections(self.guard.open)
-        self._leave_idle()
         self._cancel_timers()
         # Every request of the connection learns that its client is gone, not only the newest
         # parsed one (uvicorn's `self.cycle`): a running stream ahead of a pipelined request
@@ -146,16 +126,6 @@ class GuardedProtocol(HttpToolsProtocol):
         """A response of this connection is under way or queued."""
         running = self._running
         return bool(self.pipeline) or (running is not None and not running.response_complete)
-
-    def _close_idle(self) -> None:
-        self._leave_idle()
-        if not self.transport.is_closing():
-            self.transport.close()
-
-    def _leave_idle(self) -> None:
-        if self._idle:
-            self._idle = False
-            self.guard.idle.pop(self, None)
 
     # -- input -----------------------------------------------------------------------------
 
@@ -202,6 +172,8 @@ class GuardedProtocol(HttpToolsProtocol):
                 self._head_timer = self.loop.call_later(
                     self._limits.header_timeout, self._head_timeout
                 )
+                if not self._responding():  # a next head, slow: it may be closed for room
+                    self._enter_waiting()
         elif self._in_body and self._body_timer is None:
             self._body_started = self._body_seen = self.loop.time()
             self._body_timer = self.loop.call_later(self._limits.body_timeout, self._body_check)
@@ -231,11 +203,14 @@ class GuardedProtocol(HttpToolsProtocol):
         if len(self.pipeline) >= MAX_PIPELINED:
             raise _PipelineFull()
         self._cancel_head_timer()
+        self._leave_waiting()
         self._in_head = False
         self._head_bytes = 0
         self._in_body = True
         self._body_bytes = 0
         super().on_headers_complete()
+        # uvicorn closes the connection through the cycle's transport: ours lingers (closing.py).
+        self.cycle.transport = self._cycle_transport
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -250,18 +225,25 @@ class GuardedProtocol(HttpToolsProtocol):
         super()._start_asgi_task(cycle, app)
 
     def on_response_complete(self) -> None:
+        if not self._discarding and self._in_body and self._running is self.cycle:
+            # Answered before its body was in (a 413, an early answer passed through): the
+            # rest of the body is read and dropped, within bounds, and the connection closed.
+            self._linger()
+        if self._lingering:
+            self.server_state.total_requests += 1  # what uvicorn's would count
+            return
         super().on_response_complete()
         if self.transport.is_closing() or self._responding():
             return
         if self._pending is not None:
             pending, self._pending = self._pending, None
             self._answer(pending.status, pending.error)
-        elif self._head_bytes or self._in_body:
-            # The next request is arriving: its own timers rule, not keep-alive's.
+        elif self._head_bytes:
+            # The next request's head is arriving: its own timer rules, not keep-alive's.
             self._unset_keepalive_if_required()
+            self._enter_waiting()
         elif not self._discarding:
-            self._idle = True
-            self.guard.idle[self] = None
+            self._enter_idle()
 
     # -- limits ----------------------------------------------------------------------------
 
@@ -285,6 +267,7 @@ class GuardedProtocol(HttpToolsProtocol):
             return
         if not self._head_bytes:
             self.guard.observe("head_timeout")
+            self._leave_waiting()
             self.transport.close()  # it never sent a byte: nobody to answer
             return
         seconds = self._limits.header_timeout
@@ -307,16 +290,21 @@ class GuardedProtocol(HttpToolsProtocol):
             self._body_bytes = 0
             self._body_timer = self.loop.call_later(limits.body_timeout, self._body_check)
             return
-        idle_until = self._body_seen + limits.body_timeout
-        late = now - self._body_started - limits.body_timeout
+        # The next check is when a rule would trip if no byte came meanwhile, never later (a
+        # check half a body_timeout on let a body trickling at 1 B/s live 45 s, not 30).
+        due = idle_until = self._body_seen + limits.body_timeout
+        if limits.body_min_rate:
+            # Apache mod_reqtimeout's rule: by body_timeout + bytes received / body_min_rate
+            # after the head, the body must have gone on arriving.
+            slow_after = self._body_bytes / limits.body_min_rate
+            due = min(due, self._body_started + limits.body_timeout + slow_after)
+        if now < due:
+            self._body_timer = self.loop.call_later(max(due - now, 0.01), self._body_check)
+            return
         if now >= idle_until:
             problem = f"no data for {limits.body_timeout:g} s"
-        elif limits.body_min_rate and late > 0 and self._body_bytes < limits.body_min_rate * late:
-            problem = f"arriving slower than {limits.body_min_rate} bytes/s"
         else:
-            wait = min(idle_until - now, limits.body_timeout / 2)
-            self._body_timer = self.loop.call_later(max(wait, 0.01), self._body_check)
-            return
+            problem = f"arriving slower than {limits.body_min_rate} bytes/s"
         self.guard.observe("body_timeout")
         cycle = self.cycle
         if cycle is self._running and not cycle.response_started:
@@ -357,44 +345,6 @@ class GuardedProtocol(HttpToolsProtocol):
             if not cycle.response_complete:
                 cycle.disconnected = True
             cycle.message_event.set()
-
-    def _answer(self, status: int, error: ProxyError, extra: list[bytes] | None = None) -> None:
-        """Write `error` as the connection's last answer, then close it lingering."""
-        body = orjson.dumps(error.to_body())
-        head = [STATUS_LINE[status]]
-        for name, value in self.server_state.default_headers:
-            head += [name, b": ", value, b"\r\n"]
-        head += [
-            b"content-type: application/json\r\n",
-            b"content-length: %d\r\n" % len(body),
-            b"connection: close\r\n",
-            *(extra or []),
-            b"\r\n",
-            body,
-        ]
-        transport = self.transport
-        self._discarding = True
-        self._cancel_timers()
-        self._unset_keepalive_if_required()
-        self._leave_idle()
-        if transport.is_closing():
-            return
-        transport.write(b"".join(head))
-        if not transport.can_write_eof():  # pragma: no cover - TLS; the proxy serves plain TCP
-            transport.close()
-            return
-        # Our FIN after the answer; keep reading (and dropping) until the client closes too.
-        transport.write_eof()
-        self._discard_budget = _LINGER_BYTES
-        self.flow.resume_reading()
-        self._head_timer = self.loop.call_later(LINGER_SECONDS, transport.close)
-
-    def _discard(self, size: int) -> None:
-        if self._discard_budget is None:
-            return  # over the pipeline limit: answers are still being written
-        self._discard_budget -= size
-        if self._discard_budget < 0:
-            self.transport.close()
 
     def _cancel_head_timer(self) -> None:
         if self._head_timer is not None:
