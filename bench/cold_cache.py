@@ -33,7 +33,7 @@ from bench.harness import encoding as load_encoding
 from bench.harness import table
 from proxy import sse
 from proxy.harmony.response import ResponseContext, random_id
-from proxy.harmony.stream import ResponseStream
+from proxy.harmony.stream.repair import ResponseStream
 from proxy.sse import SSEDecoder
 from proxy.upstream.completions import parse_frame
 

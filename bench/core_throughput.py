@@ -30,7 +30,7 @@ from openai_harmony import HarmonyEncoding
 
 from proxy import vocab
 from proxy.harmony.response import ResponseContext, random_id
-from proxy.harmony.stream import ResponseStream
+from proxy.harmony.stream.repair import ResponseStream
 
 PARAGRAPH = (
     "The shipment left the warehouse on Monday; tracking shows it in transit through the "

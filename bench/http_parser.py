@@ -36,7 +36,7 @@ import h11
 import orjson
 
 from bench import harness, latency
-from proxy.harmony.request import prepare_request
+from proxy.harmony.request.prepare import prepare_request
 from proxy.simulator import SimulatorConfig, create_simulator_app, start_simulator
 from proxy.upstream import http1
 

@@ -47,7 +47,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import harness
-from proxy.harmony.request import prepare_request
+from proxy.harmony.request.prepare import prepare_request
 from proxy.simulator import SimulatorConfig, create_simulator_app, start_simulator
 
 PATHS = ("direct", "relay", "relay-lean", "proxy")

@@ -36,10 +36,10 @@ from openai_harmony import HarmonyEncoding
 from bench import harness
 from bench.core_throughput import response_ids
 from proxy import sse
-from proxy.harmony.logprobs import Entry, Logprobs
-from proxy.harmony.parser import TokenTable
 from proxy.harmony.response import ResponseContext, random_id
-from proxy.harmony.stream import ResponseStream
+from proxy.harmony.stream.logprobs import Entry, Logprobs
+from proxy.harmony.stream.parser import TokenTable
+from proxy.harmony.stream.repair import ResponseStream
 from proxy.simulator.completion_frames import CompletionWriter
 from proxy.simulator.completion_request import read_completion_request
 from proxy.simulator.engine import EngineOutput

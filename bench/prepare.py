@@ -4,7 +4,7 @@
 
 Three bodies: one line of input; three function tools and instructions; an agent's 20-item
 history (messages, reasoning, tool calls and their outputs) with those tools. `uncached` is
-`prepare_request(body, encoding)`, the path before request_prefix.py; `hit` passes a warm
+`prepare_request(body, encoding)`, the path before request/prefix.py; `hit` passes a warm
 `PrefixCache` (an agent's second and later requests); `miss` passes a one-entry cache that another
 body's prefix has just filled, so the call misses and evicts. The columns alternate call by call,
 so drift hits them alike; before timing, the script checks that cached and uncached prompt ids
@@ -24,8 +24,8 @@ from typing import Any
 from openai_harmony import HarmonyEncoding
 
 from proxy import vocab
-from proxy.harmony.request import prepare_request
-from proxy.harmony.request_prefix import PrefixCache
+from proxy.harmony.request.prefix import PrefixCache
+from proxy.harmony.request.prepare import prepare_request
 
 MODEL = "openai/gpt-oss-120b"
 

@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import harness
 from bench.prepare import INSTRUCTIONS, TOOLS, history
 from proxy import vocab
-from proxy.harmony.request import prepare_request
-from proxy.harmony.request_prefix import PrefixCache
+from proxy.harmony.request.prefix import PrefixCache
+from proxy.harmony.request.prepare import prepare_request
 from proxy.server.rendering.pool import (
     INLINE_MAX_BYTES,
     INLINE_MAX_OBJECTS,

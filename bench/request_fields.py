@@ -29,8 +29,8 @@ from typing import Any
 
 from proxy import vocab
 from proxy.harmony.reasoning_seal import ReasoningKeys
-from proxy.harmony.request import prepare_request
-from proxy.harmony.request_prefix import PrefixCache
+from proxy.harmony.request.prefix import PrefixCache
+from proxy.harmony.request.prepare import prepare_request
 
 MODEL = "openai/gpt-oss-120b"
 KEYS = ReasoningKeys((("bench", b"k" * 32),))

@@ -1,4 +1,4 @@
-"""Cost per token of the model of the unpatched upstream (`proxy.harmony.unpatched`).
+"""Cost per token of the model of the unpatched upstream (`proxy.harmony.unpatched.emitter`).
 
     .venv/bin/python bench/unpatched_cost.py [--repeats 9] [--tokens 3000]
 
@@ -20,7 +20,7 @@ from openai_harmony import HarmonyEncoding, Role, StreamableParser, StreamState
 
 from proxy import vocab
 from proxy.harmony.response import CountingIds, ResponseContext
-from proxy.harmony.unpatched import UnpatchedStream
+from proxy.harmony.unpatched.emitter import UnpatchedStream
 
 SENTENCE = "The shipment left the warehouse on Monday and should arrive on Thursday."
 

@@ -22,9 +22,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from proxy import __version__
 from proxy.harmony.constraint import CONSTRAINT_KINDS
-from proxy.harmony.events import ITEM_EVENT_TYPES
-from proxy.harmony.items import CHANNELS
-from proxy.harmony.record import MALFORMED_KINDS, RepairRecord
+from proxy.harmony.stream.events import ITEM_EVENT_TYPES
+from proxy.harmony.stream.items import CHANNELS
+from proxy.harmony.stream.record import MALFORMED_KINDS, RepairRecord
 
 OUTCOMES = (
     "completed",

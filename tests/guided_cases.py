@@ -7,9 +7,9 @@ runs wherever xgrammar is installed.
 
 from __future__ import annotations
 
-from proxy.harmony.request_guided import ANALYSIS, FINAL, PREAMBLE, call_header, tool_choice_format
-from proxy.harmony.request_text import read_text
-from proxy.harmony.request_tools import read_tools
+from proxy.harmony.request.guided import ANALYSIS, FINAL, PREAMBLE, call_header, tool_choice_format
+from proxy.harmony.request.text import read_text
+from proxy.harmony.request.tools import read_tools
 
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from openai_harmony import HarmonyEncoding
 
 from proxy.harmony.response import CountingIds, ResponseContext
-from proxy.harmony.stream import ResponseStream
+from proxy.harmony.stream.repair import ResponseStream
 from proxy.harmony.tokens import CALL, CHANNEL, CONSTRAIN, END, MESSAGE, RETURN, START
 
 MODEL = "openai/gpt-oss-120b"

@@ -30,7 +30,7 @@ from openai_harmony import HarmonyEncoding
 from prometheus_client import CollectorRegistry
 
 from proxy.config import Settings
-from proxy.harmony.request import prepare_request
+from proxy.harmony.request.prepare import prepare_request
 from proxy.harmony.response import CountingIds
 from proxy.server.app import create_app
 from proxy.server.http.guard import http_guard

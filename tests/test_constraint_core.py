@@ -22,9 +22,9 @@ from proxy.harmony.constraint import (
     OutputConstraint,
     check_schema,
 )
-from proxy.harmony.request import prepare_request
+from proxy.harmony.request.prepare import prepare_request
 from proxy.harmony.response import CountingIds
-from proxy.harmony.stream import ResponseStream, StreamStateError
+from proxy.harmony.stream.repair import ResponseStream, StreamStateError
 from tests.harmony import MODEL, chunks_of, context, engine_outputs, ids_of
 from tests.sdk import validate_events
 from tests.wellformed import assert_well_formed

@@ -9,11 +9,11 @@ import pytest
 from openai_harmony import HarmonyEncoding
 
 from proxy.errors import ClientError
-from proxy.harmony import conversation as conv
-from proxy.harmony import history
+from proxy.harmony.history import chain as history
+from proxy.harmony.history import conversation as conv
 from proxy.harmony.reasoning_seal import ReasoningKeys
-from proxy.harmony.request import prepare_request
-from proxy.harmony.request_items import check_items, input_messages
+from proxy.harmony.request.items import check_items, input_messages
+from proxy.harmony.request.prepare import prepare_request
 from proxy.harmony.response import CountingIds
 from tests.harmony import MODEL
 

@@ -6,7 +6,7 @@ import pytest
 from openai_harmony import HarmonyEncoding
 
 from proxy.harmony.response import CountingIds
-from proxy.harmony.stream import ResponseStream, StreamStateError
+from proxy.harmony.stream.repair import ResponseStream, StreamStateError
 from tests.harmony import chunks_of, context, ids_of, run
 from tests.sdk import accumulate, validate_events
 from tests.wellformed import assert_well_formed

@@ -103,7 +103,7 @@ def test_comparison_can_be_switched_off(encoding: HarmonyEncoding) -> None:
 
 def test_accounting_after_every_frame_or_only_at_the_end_agrees(encoding: HarmonyEncoding) -> None:
     from proxy.harmony.response import CountingIds
-    from proxy.harmony.stream import ResponseStream
+    from proxy.harmony.stream.repair import ResponseStream
     from tests.harmony import context
 
     chunks = chunks_of(ids("s5_reasoning_preamble_final"), [3])

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from openai_harmony import HarmonyEncoding
 
 from proxy.harmony.response import CountingIds, ResponseContext
-from proxy.harmony.stream import ResponseStream
+from proxy.harmony.stream.repair import ResponseStream
 from tests.harmony import chunks_of, context, engine_outputs, ids_of
 from tests.sdk import accumulate
 from tests.wellformed import assert_well_formed

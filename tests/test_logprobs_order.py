@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openai_harmony import HarmonyEncoding
 
-from proxy.harmony.logprobs import Logprobs, best
-from proxy.harmony.parser import TokenTable
-from proxy.harmony.request import prepare_request
+from proxy.harmony.request.prepare import prepare_request
+from proxy.harmony.stream.logprobs import Logprobs, best
+from proxy.harmony.stream.parser import TokenTable
 from proxy.simulator.completion_frames import (
     CompletionWriter,
     ranked,

@@ -9,7 +9,7 @@ import orjson
 import pytest
 from openai_harmony import HarmonyEncoding
 
-from proxy.harmony.request import prepare_request
+from proxy.harmony.request.prepare import prepare_request
 from proxy.simulator.completion_frames import CompletionWriter, ranked, token_logprob
 from proxy.simulator.completion_request import read_completion_request
 from proxy.simulator.engine import EngineOutput

@@ -21,8 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.config import Settings
 from proxy.harmony.constraint import CONSTRAINT_KINDS
-from proxy.harmony.events import ITEM_EVENT_TYPES
-from proxy.harmony.record import MALFORMED_KINDS
+from proxy.harmony.stream.events import ITEM_EVENT_TYPES
+from proxy.harmony.stream.record import MALFORMED_KINDS
 from proxy.metrics import HTTP_LIMIT_KINDS, UPSTREAM_ERROR_KINDS
 from proxy.server.app import create_app
 from tests.deploy_support import dashboard_queries, rule_queries, substitute
@@ -158,7 +158,7 @@ def _tree(relative: str) -> ast.Module:
 
 def _core_nodes() -> Iterator[ast.AST]:
     """The per-token machine and the stream around it (issue 17 split them in two)."""
-    for module in ("proxy/harmony/stream.py", "proxy/harmony/stream_tokens.py"):
+    for module in ("proxy/harmony/stream/repair.py", "proxy/harmony/stream/machine.py"):
         yield from ast.walk(_tree(module))
 
 
@@ -217,7 +217,7 @@ def test_upstream_error_kinds_cover_every_code() -> None:
 def test_item_event_types_cover_what_the_core_emits() -> None:
     emitted = {
         node.value
-        for node in ast.walk(_tree("proxy/harmony/events.py"))
+        for node in ast.walk(_tree("proxy/harmony/stream/events.py"))
         if isinstance(node, ast.Constant)
         and isinstance(node.value, str)
         and re.fullmatch(r"response\.[a-z_]+\.[a-z_]+", node.value)

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openai_harmony import HarmonyEncoding, Role, StreamableParser
 
-from proxy.harmony.parser import HarmonyParser, TokenTable
+from proxy.harmony.stream.parser import HarmonyParser, TokenTable
 from proxy.harmony.tokens import CALL, CHANNEL, CONSTRAIN, END, MESSAGE, RETURN, START
 from tests.harmony import engine_outputs, ids_of
 from tests.test_core_properties import conversation

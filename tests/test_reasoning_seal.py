@@ -17,7 +17,7 @@ from openai_harmony import HarmonyEncoding
 from proxy.config import ConfigError, Settings, load_settings
 from proxy.errors import ClientError
 from proxy.harmony.reasoning_seal import ReasoningKeys, SealError, parse_keys
-from proxy.harmony.request import prepare_request
+from proxy.harmony.request.prepare import prepare_request
 from proxy.server.app import create_app
 from proxy.simulator import simulator_state
 from proxy.simulator.app import create_simulator_app

@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openai_harmony import HarmonyEncoding
 
-from proxy.harmony.record import RepairRecord
 from proxy.harmony.response import CountingIds
-from proxy.harmony.stream import ResponseStream
+from proxy.harmony.stream.record import RepairRecord
+from proxy.harmony.stream.repair import ResponseStream
 from proxy.harmony.tokens import START
 from tests.conftest import FIXTURES
 from tests.harmony import chunks_of, context, engine_outputs, ids_of

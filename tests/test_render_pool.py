@@ -18,8 +18,8 @@ from openai_harmony import HarmonyEncoding
 
 from proxy import vocab
 from proxy.errors import ClientError
-from proxy.harmony.request import PreparedRequest, prepare_request
-from proxy.harmony.request_prefix import PrefixCache
+from proxy.harmony.request.prefix import PrefixCache
+from proxy.harmony.request.prepare import PreparedRequest, prepare_request
 from proxy.server.rendering import worker as render_worker
 from proxy.server.rendering.pool import (
     INLINE_MAX_BYTES,

@@ -13,7 +13,7 @@ import pytest
 from openai_harmony import HarmonyEncoding
 
 from proxy.errors import ClientError
-from proxy.harmony.request import prepare_request
+from proxy.harmony.request.prepare import prepare_request
 from proxy.harmony.response import ResponseContext
 from tests.harmony import ids_of, run
 from tests.openapi import SPEC_FILE

@@ -16,7 +16,7 @@ import pytest
 from openai_harmony import HarmonyEncoding
 
 from proxy.errors import ClientError
-from proxy.harmony.request import prepare_request
+from proxy.harmony.request.prepare import prepare_request
 from proxy.harmony.response import DEFAULT_ECHO, ResponseContext, response_object
 from tests.conftest import FIXTURES
 from tests.spec_departures import normalised
@@ -132,7 +132,7 @@ def test_fixture_request(name: str, step: dict[str, Any], encoding: HarmonyEncod
     completion_body = dict(prepared.completion_body)
     if body.get("tool_choice", "auto") != "auto":
         # Upstream ignores tool_choice; the proxy enforces it by guided decoding (issue 14,
-        # request_guided.py): same prompt and sampling, plus that constraint.
+        # request/guided.py): same prompt and sampling, plus that constraint.
         assert step["sampling_params"]["guided_decoding"] is None
         heads = allowed_headers(completion_body.pop("response_format"))
         assert "<|channel|>final<|message|>" not in heads  # d18: "required"

@@ -1,4 +1,4 @@
-"""The prefix cache (request_prefix.py) changes no prompt id: cached renders equal the one-piece
+"""The prefix cache (request/prefix.py) changes no prompt id: cached renders equal the one-piece
 render for every body and message list, hits and the bound work, and no prefix leaks into another
 request's prompt."""
 
@@ -27,15 +27,15 @@ from openai_harmony import (
 
 from proxy import vocab
 from proxy.errors import ClientError
-from proxy.harmony.request import PreparedRequest, prepare_request
-from proxy.harmony.request_prefix import (
+from proxy.harmony.request.prefix import (
     PrefixCache,
     PrefixCacheStats,
     developer_message,
     render_prompt,
     system_message,
 )
-from proxy.harmony.request_tools import ToolSet, read_tools
+from proxy.harmony.request.prepare import PreparedRequest, prepare_request
+from proxy.harmony.request.tools import ToolSet, read_tools
 from tests.request_clients import CLIENT_BODIES, MODEL
 from tests.test_request_fuzz import FUZZ, POOL, _mutate
 from tests.test_request_golden import STEPS

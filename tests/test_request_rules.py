@@ -16,9 +16,9 @@ from openai_harmony import HarmonyEncoding
 
 from proxy.errors import ClientError
 from proxy.harmony import tokens
-from proxy.harmony.request import PreparedRequest, parse_body, prepare_request
-from proxy.harmony.request_fields import EXTRA_FIELDS, RESPONSES_FIELDS
-from proxy.harmony.request_shapes import INPUT_ITEM
+from proxy.harmony.request.fields import EXTRA_FIELDS, RESPONSES_FIELDS
+from proxy.harmony.request.prepare import PreparedRequest, parse_body, prepare_request
+from proxy.harmony.request.shapes import INPUT_ITEM
 from tests import request_clients as clients
 
 MODEL = clients.MODEL

@@ -25,10 +25,10 @@ from openai.types.responses import response_create_params
 from openai_harmony import HarmonyEncoding
 
 from proxy.errors import ClientError
-from proxy.harmony import conversation as conv
-from proxy.harmony.request import prepare_request
-from proxy.harmony.request_check import Kinds, Many, Node, Shape, at, check_shape, shown, spec_only
-from proxy.harmony.request_shapes import INPUT_ITEM, REQUEST, TOOL, TOOL_CHOICE
+from proxy.harmony.history import conversation as conv
+from proxy.harmony.request.check import Kinds, Many, Node, Shape, at, check_shape, shown, spec_only
+from proxy.harmony.request.prepare import prepare_request
+from proxy.harmony.request.shapes import INPUT_ITEM, REQUEST, TOOL, TOOL_CHOICE
 from proxy.harmony.response import ResponseContext, response_object
 from tests.openapi import SPEC_FILE, assert_response_matches_spec
 from tests.request_clients import CLIENT_BODIES

@@ -17,7 +17,7 @@ from openai import OpenAI
 from openai_harmony import HarmonyEncoding
 
 from proxy.config import Settings
-from proxy.harmony.request import prepare_request
+from proxy.harmony.request.prepare import prepare_request
 from proxy.harmony.response import CountingIds
 from proxy.server.app import create_app
 from tests.harmony import ids_of

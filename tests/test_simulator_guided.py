@@ -12,7 +12,7 @@ import orjson
 import pytest
 from openai_harmony import HarmonyEncoding
 
-from proxy.harmony.request import prepare_request
+from proxy.harmony.request.prepare import prepare_request
 from proxy.simulator.config import SimulatorConfig
 from proxy.simulator.guided import GuidedError, json_breaking, json_instance, read_constraint
 from proxy.simulator.model import ScriptedModel

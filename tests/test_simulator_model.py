@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from openai_harmony import HarmonyEncoding, Message, Role
 
-from proxy.harmony.request import prepare_request
+from proxy.harmony.request.prepare import prepare_request
 from proxy.harmony.tokens import CALL, RETURN
 from proxy.simulator.model import ScriptedModel
 from proxy.simulator.prompt import declared_functions, read_prompt, split_turns

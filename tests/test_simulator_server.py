@@ -18,7 +18,7 @@ import pytest
 from openai_harmony import HarmonyEncoding
 
 from proxy.errors import UpstreamError
-from proxy.harmony.request import prepare_request
+from proxy.harmony.request.prepare import prepare_request
 from proxy.harmony.tokens import CALL, RETURN
 from proxy.simulator import SimulatorConfig, main, simulator_state, start_simulator
 from proxy.simulator.server import build_parser, config_from_args

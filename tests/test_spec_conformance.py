@@ -19,9 +19,9 @@ import pytest
 from openai_harmony import HarmonyEncoding
 
 from proxy.errors import ClientError, UpstreamError
-from proxy.harmony.request import prepare_request
+from proxy.harmony.request.prepare import prepare_request
 from proxy.harmony.response import CountingIds, ResponseContext
-from proxy.harmony.stream import ResponseStream
+from proxy.harmony.stream.repair import ResponseStream
 from tests.conftest import FIXTURES
 from tests.harmony import MODEL, chunks_of, ids_of
 from tests.openapi import (

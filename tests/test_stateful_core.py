@@ -9,16 +9,16 @@ import pytest
 from openai_harmony import HarmonyEncoding
 
 from proxy.errors import ClientError
-from proxy.harmony import history
-from proxy.harmony.request import prepare_request
-from proxy.harmony.response import CountingIds
-from proxy.harmony.stored import (
+from proxy.harmony.history import chain as history
+from proxy.harmony.history.stored import (
     StoredResponse,
     as_it_stands,
     decode_events,
     encode_events,
     ended_events,
 )
+from proxy.harmony.request.prepare import prepare_request
+from proxy.harmony.response import CountingIds
 from tests.harmony import MODEL, chunks_of, context, ids_of, run
 from tests.sdk import validate_events
 from tests.wellformed import assert_well_formed
@@ -216,7 +216,7 @@ def test_ended_events_end_an_abandoned_response_well_formed(encoding: HarmonyEnc
 
 
 def test_core_cancel_ends_with_a_cancelled_failed_event(encoding: HarmonyEncoding) -> None:
-    from proxy.harmony.stream import ResponseStream
+    from proxy.harmony.stream.repair import ResponseStream
 
     core = ResponseStream(encoding, context(), CountingIds())
     events = core.start()

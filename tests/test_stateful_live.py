@@ -14,7 +14,7 @@ import openai
 import pytest
 from openai_harmony import HarmonyEncoding
 
-from proxy.harmony.request import prepare_request
+from proxy.harmony.request.prepare import prepare_request
 from proxy.server.stateful.scope import SHARED_SCOPE, scope_of
 from proxy.store.memory import MemoryStore
 from tests.agents_support import weather_agent
@@ -537,7 +537,7 @@ def test_openai_agents_tool_loop_over_previous_response_id(live: Stack) -> None:
 def test_a_response_whose_runner_died_ends_failed_for_readers(live: Stack) -> None:
     """A process that dies mid-response leaves it `in_progress` with a lease that runs out;
     the next reader ends it as failed, with the events a resumed stream needs."""
-    from proxy.harmony.stored import StoredResponse, encode_events
+    from proxy.harmony.history.stored import StoredResponse, encode_events
     from proxy.store import Append, Create
 
     client = live.client()
@@ -622,7 +622,7 @@ def test_background_refused_by_upstream_is_stored_failed(live: Stack) -> None:
 def test_background_runs_still_going_at_shutdown_end_failed(encoding: HarmonyEncoding) -> None:
     import asyncio
 
-    from proxy.harmony.stored import StoredResponse, decode_events
+    from proxy.harmony.history.stored import StoredResponse, decode_events
 
     store = MemoryStore()
     with stack(encoding, store, drain_timeout=0.3) as short:

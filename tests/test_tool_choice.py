@@ -19,9 +19,9 @@ from openai_harmony import HarmonyEncoding
 
 from proxy.config import Settings
 from proxy.errors import ClientError
-from proxy.harmony.request import prepare_request
-from proxy.harmony.request_guided import ANALYSIS, FINAL, PREAMBLE, call_header
-from proxy.harmony.request_text import read_text
+from proxy.harmony.request.guided import ANALYSIS, FINAL, PREAMBLE, call_header
+from proxy.harmony.request.prepare import prepare_request
+from proxy.harmony.request.text import read_text
 from proxy.server.app import create_app
 from proxy.simulator.app import create_simulator_app
 from proxy.simulator.config import SimulatorConfig
@@ -56,7 +56,7 @@ DOCS = {
 
 
 def _headers(response_format: dict[str, Any]) -> list[str]:
-    """The message headers the constraint allows (request_guided.py's shape)."""
+    """The message headers the constraint allows (request/guided.py's shape)."""
     first, later = response_format["format"]["elements"]
     assert later == {
         "type": "triggered_tags",

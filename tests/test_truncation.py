@@ -11,10 +11,10 @@ from openai_harmony import Conversation, HarmonyEncoding, Message, Role
 
 from proxy.config import Settings
 from proxy.errors import ClientError
-from proxy.harmony.request import prepare_request
-from proxy.harmony.request_fit import fit_prompt
-from proxy.harmony.request_items import input_messages
-from proxy.harmony.request_prefix import system_message
+from proxy.harmony.request.fit import fit_prompt
+from proxy.harmony.request.items import input_messages
+from proxy.harmony.request.prefix import system_message
+from proxy.harmony.request.prepare import prepare_request
 from proxy.server.app import create_app
 from proxy.simulator import simulator_state
 from proxy.simulator.app import create_simulator_app

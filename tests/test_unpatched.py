@@ -25,8 +25,8 @@ from openai_harmony import HarmonyEncoding, HarmonyError, Role, StreamableParser
 
 from proxy.harmony.response import DEFAULT_ECHO, CountingIds, ResponseContext
 from proxy.harmony.tokens import CALL, END, START
-from proxy.harmony.unpatched import UnpatchedStream
-from proxy.harmony.unpatched_output import UpstreamOutputError, unpatched_output
+from proxy.harmony.unpatched.emitter import UnpatchedStream
+from proxy.harmony.unpatched.output import UpstreamOutputError, unpatched_output
 from tests.conftest import FIXTURES
 from tests.harmony import engine_outputs
 from tests.spec_departures import normalised

@@ -1,11 +1,11 @@
 """What a request's `tool_choice` and `text.format` demand of the output, and the check that holds
 the generated output to it after the fact. Sans-IO.
 
-Guided decoding (request_guided.py, request_text.py) makes the engine unable to break these
+Guided decoding (request/guided.py, request/text.py) makes the engine unable to break these
 constraints — when upstream enforces `response_format`. A trtllm-serve started without a
 guided-decoding backend takes the same `response_format` and ignores it (200, free text), so the
 core also checks what the model wrote, as it parses it (`ConstraintCheck`, driven by
-stream_tokens.py and stream.py):
+stream/machine.py and stream/repair.py):
 
     at each completed header      a recipient must be one the choice allows (a call under
                                   "none", or to another function, breaks it); a final answer

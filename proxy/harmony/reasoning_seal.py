@@ -13,7 +13,7 @@ old ones while their blobs are still in clients' hands. A blob that is not ours 
 sealed under a key no longer listed, or OpenAI's own — does not open: the request is a 400.
 
 The payload is the reasoning's text parts as JSON (`["…"]`), so an opened item renders exactly
-as the plain item with those `reasoning_text` parts renders (request_items.py). Sans-IO: the
+as the plain item with those `reasoning_text` parts renders (request/items.py). Sans-IO: the
 shell hands `ReasoningKeys.seal` to the core through `ResponseContext`.
 """
 

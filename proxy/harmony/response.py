@@ -1,8 +1,8 @@
 """The Responses `response` object: the per-response inputs and the snapshot built from them.
 
-Both the repaired stream (`stream.py`) and the model of the unpatched upstream (`unpatched.py`)
-carry this object in `response.created`, `response.in_progress` and the terminal event, so it
-lives here once. Its keys and defaults mirror trtllm-serve's `ResponsesResponse` (openai 3.57.0
+Both the repaired stream (`stream/repair.py`) and the model of the unpatched upstream
+(`unpatched/emitter.py`) carry this object in `response.created`, `response.in_progress` and the
+terminal event, so it lives here once. Its keys and defaults mirror trtllm-serve's `ResponsesResponse` (openai 3.57.0
 model) as recorded in `tests/fixtures/trtllm-oracle/`, so a client sees the fields it would have
 seen from upstream.
 """

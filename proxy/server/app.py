@@ -37,11 +37,11 @@ from starlette.types import Receive, Scope, Send
 
 from proxy.config import Settings
 from proxy.errors import ClientError, ProxyError, UnavailableError
-from proxy.harmony.parser import TokenTable
 from proxy.harmony.reasoning_seal import ReasoningKeys
-from proxy.harmony.request import parse_body
-from proxy.harmony.request_prefix import PrefixCache
+from proxy.harmony.request.prefix import PrefixCache
+from proxy.harmony.request.prepare import parse_body
 from proxy.harmony.response import IdFactory, random_id
+from proxy.harmony.stream.parser import TokenTable
 from proxy.logs import get_logger
 from proxy.metrics import Metrics
 from proxy.server import asgi, passthrough

@@ -14,10 +14,10 @@ from openai_harmony import HarmonyEncoding
 
 from proxy.config import Settings
 from proxy.errors import UnavailableError
-from proxy.harmony.parser import TokenTable
 from proxy.harmony.reasoning_seal import ReasoningKeys
-from proxy.harmony.request_prefix import PrefixCache
+from proxy.harmony.request.prefix import PrefixCache
 from proxy.harmony.response import IdFactory
+from proxy.harmony.stream.parser import TokenTable
 from proxy.metrics import Metrics
 from proxy.server.rendering.pool import Renderer
 from proxy.upstream.client import Upstream

@@ -25,9 +25,9 @@ from starlette.types import Send
 from proxy import sse
 from proxy.errors import UpstreamError
 from proxy.harmony.constraint import CONSTRAINT_VIOLATED
-from proxy.harmony.request import PreparedRequest
+from proxy.harmony.request.prepare import PreparedRequest
 from proxy.harmony.response import ResponseContext
-from proxy.harmony.stream import ResponseStream
+from proxy.harmony.stream.repair import ResponseStream
 from proxy.metrics_batch import HistogramBatch
 from proxy.server import asgi
 from proxy.server.deadline import Deadline

@@ -30,7 +30,7 @@ from starlette.types import Scope, Send
 
 from proxy.errors import ClientError, ProxyError, UnavailableError, UpstreamError
 from proxy.harmony.constraint import OutputConstraint
-from proxy.harmony.request import PreparedRequest
+from proxy.harmony.request.prepare import PreparedRequest
 from proxy.metrics import CLIENT_TIMEOUT
 from proxy.server import asgi
 from proxy.server.deps import RepairDeps, until_drained

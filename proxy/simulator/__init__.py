@@ -17,11 +17,11 @@ Theory of operation
 
 Everything up to the frames is sans-IO; `shell.py` and `app.py` are the thin I/O around it.
 `/v1/completions` is upstream's `CompletionRequest` (completion_request.py, validation.py) and
-its post-processors (completion_frames.py). `/v1/responses` renders its prompt with the proxy's
-model of upstream's request path (`proxy.harmony.request`, with upstream's own rejections put
-back: upstream_requests.py) and streams through its model of upstream's emission
-(`proxy.harmony.unpatched`): checked frame for frame and byte for byte against recordings of the
-real server (`tests/fixtures/trtllm-oracle/`, `tests/fixtures/trtllm-prompts/`).
+its post-processors (completion_frames.py). `/v1/responses` renders its prompt with the
+proxy's model of upstream's request path (`proxy.harmony.request.prepare`, with upstream's own
+rejections put back: upstream_requests.py) and streams through its model of upstream's
+emission (`proxy.harmony.unpatched.emitter`): checked frame for frame and byte for byte against
+recordings of the real server (`tests/fixtures/trtllm-oracle/`, `tests/fixtures/trtllm-prompts/`).
 `/v1/chat/completions` is a plain, correct Harmony chat (chat.py), not a model of upstream's.
 A `/v1/completions` `response_format` of type `structural_tag` is enforced (guided.py): the
 scripted model writes the first of its answers the format accepts, as a masked engine steers

@@ -1,7 +1,7 @@
 """The `/v1/responses` answers of an unpatched trtllm-serve that are not the event stream.
 
-The stream itself is `proxy.harmony.unpatched.UnpatchedStream`. Non-streaming, upstream answers
-`ResponsesResponse.from_request(...)` dumped: the fields of trtllm's own model (not openai's
+The stream itself is `proxy.harmony.unpatched.emitter.UnpatchedStream`. Non-streaming, upstream
+answers `ResponsesResponse.from_request(...)` dumped: the fields of trtllm's own model (not openai's
 `Response`: 25 keys, no `error`, `incomplete_details`, `completed_at`, …), `created_at` an int,
 `usage` null, `output` from the same builder as the streamed `response.completed`, `status` from
 `finish_reason_mapping` (`tests/fixtures/trtllm-oracle/*/nonstream.json`). Sans-IO.

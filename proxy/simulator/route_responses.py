@@ -5,7 +5,7 @@ The request is rendered by the proxy's own model of upstream's request path
 sampling upstream's Responses path uses (stop tokens `<|return|>` and `<|call|>`, `max_tokens` =
 `max_output_tokens`, and — `SamplingParams`' default — `include_stop_str_in_output` false, so a
 `<|call|>` is cut from the ids), and streamed exactly as upstream streams it, defect included,
-through `proxy.harmony.unpatched.UnpatchedStream`: one body chunk per event, as Starlette's
+through `proxy.harmony.unpatched.emitter.UnpatchedStream`: one body chunk per event, as Starlette's
 `StreamingResponse` writes each string the generator yields. When upstream's stream would break
 (its response builder raising), the simulator sends what upstream sent and drops the connection.
 """
@@ -18,10 +18,10 @@ import orjson
 
 from proxy.errors import ClientError
 from proxy.harmony import tokens
-from proxy.harmony.request import PreparedRequest, prepare_request
+from proxy.harmony.request.prepare import PreparedRequest, prepare_request
 from proxy.harmony.response import ResponseContext
-from proxy.harmony.unpatched import UnpatchedStream
-from proxy.harmony.unpatched_output import UpstreamOutputError, unpatched_output
+from proxy.harmony.unpatched.emitter import UnpatchedStream
+from proxy.harmony.unpatched.output import UpstreamOutputError, unpatched_output
 from proxy.simulator.engine import EngineOutput, Sampling
 from proxy.simulator.faults import stream_faults
 from proxy.simulator.generation import run_generation, stop_kept

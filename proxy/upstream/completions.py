@@ -11,7 +11,7 @@ Asked for logprobs (`logprobs: N`, issue 15; trtllm-serve.md §6), a chunk's `lo
 tokens from the vocabulary by id. A `top_logprobs` dict is not in order of likelihood: upstream
 lists the sampled token first, then its top N (N + 1 keys when the sampled token is not among
 them), and ids that decode to the same string share one key. It is read as it comes, any order
-and any number of keys; the core picks and sorts the best (`proxy.harmony.logprobs.best`).
+and any number of keys; the core picks and sorts the best (`proxy.harmony.stream.logprobs.best`).
 Missing or misaligned logprobs are a `FrameError` (`malformed_logprobs`): the stream fails
 rather than carry wrong values.
 """

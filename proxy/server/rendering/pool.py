@@ -41,8 +41,8 @@ from openai_harmony import HarmonyEncoding
 from proxy import vocab
 from proxy.config import Settings
 from proxy.errors import ClientError, ProxyError
-from proxy.harmony.request import PreparedRequest
-from proxy.harmony.request_prefix import PrefixCache
+from proxy.harmony.request.prefix import PrefixCache
+from proxy.harmony.request.prepare import PreparedRequest
 from proxy.server.rendering import worker as wire
 from proxy.server.rendering.worker import RenderOptions
 

@@ -47,8 +47,8 @@ import orjson
 
 from proxy.errors import ClientError
 from proxy.harmony.reasoning_seal import ReasoningKeys
-from proxy.harmony.request import PreparedRequest, prepare_request
-from proxy.harmony.request_prefix import PrefixCache
+from proxy.harmony.request.prefix import PrefixCache
+from proxy.harmony.request.prepare import PreparedRequest, prepare_request
 
 HEADER = struct.Struct(">I")
 READY = b"R"

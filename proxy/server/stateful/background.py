@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 from starlette.types import Send
 
 from proxy.errors import ProxyError
+from proxy.harmony.history.stored import StoredResponse
 from proxy.harmony.response import response_object
-from proxy.harmony.stored import StoredResponse
 from proxy.server import asgi
 from proxy.store import CANCEL, Create, StoreError
 

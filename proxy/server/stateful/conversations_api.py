@@ -30,9 +30,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from proxy.errors import ClientError, ProxyError
-from proxy.harmony import conversation as conv
-from proxy.harmony import history
-from proxy.harmony.request import parse_body
+from proxy.harmony.history import chain as history
+from proxy.harmony.history import conversation as conv
+from proxy.harmony.request.prepare import parse_body
 from proxy.server import asgi
 from proxy.server.http.budget import BodyBudget, read_body
 from proxy.server.stateful.responses_api import error_answer, logged, query_integer

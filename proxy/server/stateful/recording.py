@@ -27,8 +27,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from proxy.harmony.conversation import encode_items
-from proxy.harmony.stored import StoredResponse, encode_events
+from proxy.harmony.history.conversation import encode_items
+from proxy.harmony.history.stored import StoredResponse, encode_events
 from proxy.store import Append, Create, Op, Push, StoreError, Update
 
 if TYPE_CHECKING:

@@ -28,9 +28,9 @@ from starlette.types import Receive, Scope, Send
 
 from proxy import sse
 from proxy.errors import ClientError, ProxyError, StoreUnavailableError
-from proxy.harmony.request import parse_body
-from proxy.harmony.request_fields import check_response_id
-from proxy.harmony.stored import RUNNING, TERMINAL_EVENTS, StoredResponse, decode_events
+from proxy.harmony.history.stored import RUNNING, TERMINAL_EVENTS, StoredResponse, decode_events
+from proxy.harmony.request.fields import check_response_id
+from proxy.harmony.request.prepare import parse_body
 from proxy.server import asgi
 from proxy.server.stateful.scope import scope_of
 from proxy.server.stateful.state import Loaded

@@ -8,7 +8,7 @@ import hashlib
 from typing import Any
 
 from proxy.errors import ClientError
-from proxy.harmony import history
+from proxy.harmony.history import chain as history
 
 #: No credential: one scope shared by every such request.
 SHARED_SCOPE = "shared"

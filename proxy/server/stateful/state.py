@@ -6,7 +6,7 @@ request continues, and the store's housekeeping.
   one shared scope. Every read is by scope: another credential gets 404, never the data.
 - **Context**: `prepare(body, scope, render)` resolves `previous_response_id` (the chain's
   input and output items), `conversation` (its items, issue 16) and `item_reference` input
-  items from the store, merges them into a body (`proxy.harmony.history`) and renders that
+  items from the store, merges them into a body (`proxy.harmony.history.chain`) and renders that
   body through the one `render` seam every request takes. Malformed id → 400; a
   `previous_response_id` that is unknown, another credential's, or whose chain is no longer
   whole → 400 `previous_response_not_found`, as OpenAI answers it; an unknown conversation or
@@ -30,12 +30,9 @@ from typing import Any
 
 from proxy.config import Settings
 from proxy.errors import ClientError, StoreUnavailableError
-from proxy.harmony import conversation as conv
-from proxy.harmony import history
-from proxy.harmony.request import PreparedRequest
-from proxy.harmony.request_fields import check_response_id, previous_not_found
-from proxy.harmony.response import IdFactory
-from proxy.harmony.stored import (
+from proxy.harmony.history import chain as history
+from proxy.harmony.history import conversation as conv
+from proxy.harmony.history.stored import (
     RUNNING,
     StoredResponse,
     as_it_stands,
@@ -43,6 +40,9 @@ from proxy.harmony.stored import (
     encode_events,
     ended_events,
 )
+from proxy.harmony.request.fields import check_response_id, previous_not_found
+from proxy.harmony.request.prepare import PreparedRequest
+from proxy.harmony.response import IdFactory
 from proxy.metrics import Metrics
 from proxy.server.stateful.recording import Recorder
 from proxy.store import Append, Entry, Lease, Op, Store, StoreError, Update

@@ -24,9 +24,9 @@ import orjson
 
 from proxy.errors import ClientError
 from proxy.harmony.reasoning_seal import ReasoningKeys
-from proxy.harmony.request_check import check_keys, fail, want_object, want_str
-from proxy.harmony.request_fields import INCLUDES, read_metadata
-from proxy.harmony.request_items import check_items
+from proxy.harmony.request.check import check_keys, fail, want_object, want_str
+from proxy.harmony.request.fields import INCLUDES, read_metadata
+from proxy.harmony.request.items import check_items
 from proxy.harmony.response import Sealer
 
 #: Ids the proxy makes: `conv_` and 32 hex digits (128 random bits, like response ids).

@@ -8,9 +8,9 @@ Role.ASSISTANT)` in trtllm's `responses_utils.py`):
 
     system     SystemContent.new() (+ with_reasoning_effort when `reasoning.effort` is set)
     developer  always present: `instructions` (when not null) and the tool namespaces
-    input      the items of `input` (request_items.py)
+    input      the items of `input` (request/items.py)
 
-(request_prefix.py: given a `PrefixCache`, the system + developer ids of an agent are rendered
+(request/prefix.py: given a `PrefixCache`, the system + developer ids of an agent are rendered
 once and reused, token for token the same) and builds the `/v1/completions` body that asks
 upstream for the generated token ids of that prompt with the sampling upstream's Responses path
 would use (trtllm-serve.md §2-3). Only fields trtllm's `CompletionRequest` knows go into that
@@ -33,15 +33,15 @@ from proxy.errors import ClientError
 from proxy.harmony import tokens
 from proxy.harmony.constraint import OutputConstraint
 from proxy.harmony.reasoning_seal import ReasoningKeys
-from proxy.harmony.request_check import spec_only
-from proxy.harmony.request_fields import Fields, read_fields
-from proxy.harmony.request_fit import fit_prompt
-from proxy.harmony.request_guided import output_constraint, tool_choice_format
-from proxy.harmony.request_items import input_messages
-from proxy.harmony.request_prefix import PrefixCache, render_prompt
-from proxy.harmony.request_shapes import TOOL_CHOICE
-from proxy.harmony.request_text import read_text
-from proxy.harmony.request_tools import ToolSet, read_tools
+from proxy.harmony.request.check import spec_only
+from proxy.harmony.request.fields import Fields, read_fields
+from proxy.harmony.request.fit import fit_prompt
+from proxy.harmony.request.guided import output_constraint, tool_choice_format
+from proxy.harmony.request.items import input_messages
+from proxy.harmony.request.prefix import PrefixCache, render_prompt
+from proxy.harmony.request.shapes import TOOL_CHOICE
+from proxy.harmony.request.text import read_text
+from proxy.harmony.request.tools import ToolSet, read_tools
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +114,7 @@ def prepare_request(
     A cache of another encoding is our misuse: `ValueError`, not a 400. `reasoning_keys` open
     the sealed reasoning of input items (None: left unread, as upstream does).
     `max_prompt_tokens`: the model's context; the prompt and `max_output_tokens` must fit it, or
-    `truncation` drops the oldest input items (request_fit.py; None: no limit, as upstream's
+    `truncation` drops the oldest input items (request/fit.py; None: no limit, as upstream's
     rendering has none).
     """
     if prefixes is not None and prefixes.encoding is not encoding:
@@ -122,7 +122,7 @@ def prepare_request(
     fields = read_fields(body)
     toolset = read_tools(fields.tools)
     text = read_text(fields.text)
-    # tool_choice as guided decoding (request_guided.py), holding the final answer to
+    # tool_choice as guided decoding (request/guided.py), holding the final answer to
     # text.format too; with "auto" only text.format's own constraint, as upstream sends it.
     guided = tool_choice_format(fields.tool_choice, toolset, text.final_content)
     if guided is None:

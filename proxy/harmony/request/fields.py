@@ -5,7 +5,7 @@ Accepted: every field of openai-python's `ResponseCreateParams` (3.57.0), Codex'
 (`thinking_token_budget`, forwarded; `request_id`, ignored). Anything else — typically a
 chat-completions parameter such as `seed`, `stop` or `frequency_penalty` — is a 400, as upstream
 answers it (fixture d25). An unknown key inside an object (`reasoning.efort`) is refused the
-same way (request_shapes.py). An explicit null means "unset", as on the OpenAI wire.
+same way (request/shapes.py). An explicit null means "unset", as on the OpenAI wire.
 
 No field is ignored silently (issue 14; README "Request fields" has the table): each is honoured
 (sampling, reasoning effort, instructions, tools, text format, tool_choice, include, truncation;
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from proxy.errors import ClientError
-from proxy.harmony.request_check import (
+from proxy.harmony.request.check import (
     at,
     check_json,
     check_shape,
@@ -49,7 +49,7 @@ from proxy.harmony.request_check import (
     want_str,
     want_str_map,
 )
-from proxy.harmony.request_shapes import REQUEST
+from proxy.harmony.request.shapes import REQUEST
 
 #: openai-python 3.57.0 `ResponseCreateParams` (`ResponseCreateParamsStreaming` keys).
 RESPONSES_FIELDS = frozenset(
@@ -179,7 +179,7 @@ def read_fields(value: Any) -> Fields:
                 code="unknown_parameter",
             )
     _reject_unservable(body)
-    # Unknown keys inside the objects, as unknown fields above (request_shapes.py); `input` and
+    # Unknown keys inside the objects, as unknown fields above (request/shapes.py); `input` and
     # `tools` are walked by their readers.
     for key, node in REQUEST.items():
         check_shape(present(body, key), node, key)

@@ -20,8 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.harmony import events as ev
-from proxy.harmony.items import (
+from proxy.harmony.stream import events as ev
+from proxy.harmony.stream.items import (
     CHANNELS,
     FINAL_CHANNEL,
     REASONING_CHANNEL,
@@ -162,7 +162,7 @@ class Tally:
             self.own_text[channel].add(text)
 
     def unpatched(self, events: Iterable[ev.Event]) -> None:
-        """Count events of the unpatched stream (the full model's, `unpatched.py`)."""
+        """Count events of the unpatched stream (the full model's, `unpatched/emitter.py`)."""
         for event in events:
             kind = event["type"]
             if kind in _UNPATCHED_DELTA_CHANNEL:

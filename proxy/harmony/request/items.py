@@ -43,7 +43,7 @@ from typing import Any
 from openai_harmony import Author, Content, Message, Role, TextContent
 
 from proxy.harmony.reasoning_seal import ReasoningKeys, SealError
-from proxy.harmony.request_check import (
+from proxy.harmony.request.check import (
     at,
     check_shape,
     fail,
@@ -53,8 +53,8 @@ from proxy.harmony.request_check import (
     want_object,
     want_str,
 )
-from proxy.harmony.request_shapes import INPUT_ITEM
-from proxy.harmony.request_tools import FUNCTIONS
+from proxy.harmony.request.shapes import INPUT_ITEM
+from proxy.harmony.request.tools import FUNCTIONS
 
 _ROLES = {
     "user": Role.USER,
@@ -110,7 +110,7 @@ def check_items(value: Any, path: str, keys: ReasoningKeys | None = None) -> lis
 
 def _checked(raw: Any, path: str) -> tuple[str, dict[str, Any]]:
     """One item: an object of a type gpt-oss reads, with that type's keys only, in it and in
-    its parts (request_shapes.py)."""
+    its parts (request/shapes.py)."""
     item = want_object(raw, path)
     kind = present(item, "type")
     if kind is None and "role" in item:

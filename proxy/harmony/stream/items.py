@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from proxy.harmony import events as ev
-from proxy.harmony.logprobs import Entry
 from proxy.harmony.response import IdFactory, Sealer
+from proxy.harmony.stream import events as ev
+from proxy.harmony.stream.logprobs import Entry
 
 # Accounting channels (the record's and the metrics' label values): a small fixed set.
 REASONING_CHANNEL = "reasoning"

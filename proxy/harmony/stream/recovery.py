@@ -3,7 +3,7 @@ parsed, counted from the core's own parse (issue 17, item 2).
 
 Theory of operation
 -------------------
-Upstream's emitter (`unpatched.py`, steps 1-3) feeds each engine output, id by id, to a
+Upstream's emitter (`unpatched/emitter.py`, steps 1-3) feeds each engine output, id by id, to a
 `StreamableParser` and then reads, once per output: whether the parser waits for `<|start|>`,
 the channel and recipient of the last message it closed, and `last_content_delta` with the
 current channel and recipient. The core feeds the very same ids, one by one, to a parser of its
@@ -40,10 +40,10 @@ from collections.abc import Sequence
 
 from openai_harmony import HarmonyEncoding, HarmonyError
 
-from proxy.harmony.parser import HarmonyParser
-from proxy.harmony.record import Tally
 from proxy.harmony.response import ResponseContext, random_id
-from proxy.harmony.unpatched import (
+from proxy.harmony.stream.parser import HarmonyParser
+from proxy.harmony.stream.record import Tally
+from proxy.harmony.unpatched.emitter import (
     ADDED_TYPES,
     COMPLETED_TYPE,
     DELTA_TYPES,
@@ -52,7 +52,7 @@ from proxy.harmony.unpatched import (
     START_TYPES,
     UnpatchedStream,
 )
-from proxy.harmony.unpatched_output import UpstreamOutputError, may_fail, unpatched_output
+from proxy.harmony.unpatched.output import UpstreamOutputError, may_fail, unpatched_output
 
 #: What one frame left for the emitter: (the parser waits for <|start|>, the done events'
 #: channel, the delta's event type, the delta).
@@ -117,7 +117,7 @@ class RecoveryAccounting:
     def header(self, assistant: bool, channel: str | None, recipient: str | None) -> None:
         """A message header the parser accepted (any role)."""
         # Upstream closes the last message with done events when it has no recipient, by its
-        # channel and whatever its role (unpatched.py step 2).
+        # channel and whatever its role (unpatched/emitter.py step 2).
         self._open_done = channel if recipient is None and channel in DONE_TYPES else None
         if may_fail(assistant, channel, recipient):
             self._may_fail = True

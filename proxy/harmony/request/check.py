@@ -5,7 +5,7 @@ leaves `prepare_request` is `ClientError` with a 4xx status. These readers are t
 turns a wrong value into that error, so every message has the same shape: the field path as
 OpenAI's `param` (`input[2].content[0].type`), the value (shortened), and what was expected.
 
-`check_shape` walks the objects inside a body with the table of their keys (request_shapes.py):
+`check_shape` walks the objects inside a body with the table of their keys (request/shapes.py):
 an unknown key anywhere is a 400 naming its path, as an unknown top-level field is.
 
 `check_json` runs once over the whole body first. Everything after it may assume plain JSON:
@@ -196,7 +196,7 @@ def want_str_map(value: Any, path: str) -> dict[str, str]:
     return obj
 
 
-# -- the keys of the objects inside a request (the table: request_shapes.py) --------------------
+# -- the keys of the objects inside a request (the table: request/shapes.py) --------------------
 
 
 @dataclass(frozen=True, slots=True)

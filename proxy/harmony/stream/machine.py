@@ -1,13 +1,13 @@
 """The per-token state machine of the repair core: tokens → messages → items → events.
 
-`ResponseStream` (stream.py) owns the response's lifecycle and its terminal events; this base
+`ResponseStream` (repair.py) owns the response's lifecycle and its terminal events; this base
 class owns what happens per token: every token goes through the Harmony parser, message
-boundaries are read from the token ids (the states mirror the parser's, see stream.py), a
+boundaries are read from the token ids (the states mirror the parser's, see repair.py), a
 completed header opens an item (`items.classify`), content becomes its deltas, an end token
 closes it. Malformed output is counted and survived here (house-style principle 4); where our
 parse departs from upstream's, the recovery accounting is told (`_departed`). When the request
 constrains the output (constraint.py), each completed header and each final answer's end is
-checked; the first violation is kept and raises `Violated`, which stops the frame (stream.py).
+checked; the first violation is kept and raises `Violated`, which stops the frame (repair.py).
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from enum import Enum
 
 from openai_harmony import HarmonyError, Role
 
-from proxy.harmony import events as ev
 from proxy.harmony import tokens as tk
 from proxy.harmony.constraint import ConstraintCheck, Violation
-from proxy.harmony.items import FINAL_CHANNEL, OpenItem, classify
-from proxy.harmony.logprobs import Logprobs
-from proxy.harmony.parser import HarmonyParser
-from proxy.harmony.record import Tally
-from proxy.harmony.recovery import RecoveryAccounting
 from proxy.harmony.response import IdFactory, ResponseContext
+from proxy.harmony.stream import events as ev
+from proxy.harmony.stream.items import FINAL_CHANNEL, OpenItem, classify
+from proxy.harmony.stream.logprobs import Logprobs
+from proxy.harmony.stream.parser import HarmonyParser
+from proxy.harmony.stream.record import Tally
+from proxy.harmony.stream.recovery import RecoveryAccounting
 
 
 class Parse(Enum):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from proxy.harmony.request_check import Kinds, Many, Node, Shape
+from proxy.harmony.request.check import Kinds, Many, Node, Shape
 
 
 def _shape(
@@ -112,7 +112,7 @@ _MESSAGE = _shape(
         )
     },
 )
-#: An item of `input`, or of a conversation (request_items.py).
+#: An item of `input`, or of a conversation (request/items.py).
 INPUT_ITEM = Kinds(
     {
         "message": _MESSAGE,
@@ -218,7 +218,7 @@ _CODE_INTERPRETER = _shape(
         )
     },
 )
-#: A tool of `tools` (request_tools.py; the types it does not list are its 400).
+#: A tool of `tools` (request/tools.py; the types it does not list are its 400).
 TOOL = Kinds(
     {
         "function": _FUNCTION_TOOL,
@@ -274,7 +274,7 @@ TOOL_CHOICE = Kinds(
             "a 'function' tool_choice",
             "type name",
             "ToolChoiceFunction",
-            own="namespace",  # the namespace tool the function is in (request_guided.py)
+            own="namespace",  # the namespace tool the function is in (request/guided.py)
         ),
         "allowed_tools": _shape(
             "an 'allowed_tools' tool_choice",
@@ -301,8 +301,8 @@ _FORMAT_KINDS = Kinds(
     }
 )
 #: Top-level field → the shape of its value. `input` and `tools` are walked by their readers,
-#: item by item (request_items.py, which checks a conversation's items too) and tool by tool
-#: (request_tools.py, after its hint for a tool in the chat-completions shape).
+#: item by item (request/items.py, which checks a conversation's items too) and tool by tool
+#: (request/tools.py, after its hint for a tool in the chat-completions shape).
 REQUEST: Mapping[str, Node] = {
     "reasoning": _shape("'reasoning'", "effort summary generate_summary context mode", "Reasoning"),
     "text": _shape(

@@ -51,13 +51,7 @@ from typing import Any
 
 from openai_harmony import HarmonyEncoding
 
-from proxy.harmony import events as ev
 from proxy.harmony.constraint import ConstraintCheck, Violation
-from proxy.harmony.items import OpenItem
-from proxy.harmony.logprobs import Logprobs
-from proxy.harmony.parser import HarmonyParser, TokenTable
-from proxy.harmony.record import RepairRecord, Tally
-from proxy.harmony.recovery import RecoveryAccounting
 from proxy.harmony.response import (
     IdFactory,
     ResponseContext,
@@ -65,7 +59,13 @@ from proxy.harmony.response import (
     response_object,
     usage,
 )
-from proxy.harmony.stream_tokens import CONTENT, EXPECT_START, HEADER, TokenMachine, Violated
+from proxy.harmony.stream import events as ev
+from proxy.harmony.stream.items import OpenItem
+from proxy.harmony.stream.logprobs import Logprobs
+from proxy.harmony.stream.machine import CONTENT, EXPECT_START, HEADER, TokenMachine, Violated
+from proxy.harmony.stream.parser import HarmonyParser, TokenTable
+from proxy.harmony.stream.record import RepairRecord, Tally
+from proxy.harmony.stream.recovery import RecoveryAccounting
 
 
 class StreamStateError(RuntimeError):

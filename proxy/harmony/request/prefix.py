@@ -54,7 +54,7 @@ from openai_harmony import (
     TextContent,
 )
 
-from proxy.harmony.request_tools import ToolSet
+from proxy.harmony.request.tools import ToolSet
 
 _EFFORTS = {
     "low": ReasoningEffort.LOW,

@@ -1,8 +1,8 @@
 """What an unpatched trtllm-serve builds as a response's `output` for gpt-oss, defect and all.
 
 Upstream's non-streaming builder (`_create_output_content_harmony` →
-`_parse_output_message_harmony`, see `unpatched.py` for the recorded versions) parses all of a
-response's ids and makes one item per assistant message. It is the `output` of a non-streaming
+`_parse_output_message_harmony`, see `emitter.py` for the recorded versions) parses all of
+a response's ids and makes one item per assistant message. It is the `output` of a non-streaming
 answer and of the streamed `response.completed`, and it raises on some messages: then the
 non-streaming answer is an HTTP 400 and the stream breaks without a terminal event.
 

@@ -14,7 +14,7 @@ any other type. On top of that (issue 3):
   named `functions` is the default namespace (Codex's `DEFAULT_FUNCTION_NAMESPACE`): its tools join
   the plain function tools and calls come back without a namespace.
 
-Each tool may have only the keys of its type (request_shapes.py), checked after the reading
+Each tool may have only the keys of its type (request/shapes.py), checked after the reading
 above so that a tool in the chat-completions shape gets its hint.
 
 The echo mirrors upstream's: each tool as the openai model dumps it (its fields in model order,
@@ -32,7 +32,7 @@ from typing import Any, NoReturn
 
 from openai_harmony import ToolDescription, ToolNamespaceConfig
 
-from proxy.harmony.request_check import (
+from proxy.harmony.request.check import (
     at,
     check_shape,
     fail,
@@ -43,7 +43,7 @@ from proxy.harmony.request_check import (
     want_object,
     want_str,
 )
-from proxy.harmony.request_shapes import TOOL
+from proxy.harmony.request.shapes import TOOL
 
 #: Harmony's namespace for plain function tools (openai-harmony `with_function_tools`).
 FUNCTIONS = "functions"

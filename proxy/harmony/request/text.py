@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.harmony.constraint import check_schema
-from proxy.harmony.request_check import (
+from proxy.harmony.request.check import (
     at,
     fail,
     missing,
@@ -59,7 +59,7 @@ class TextConfig:
     echo: dict[str, Any]
     response_format: dict[str, Any] | None
     #: The structural-tag content the final answer must match (None: free text), for a
-    #: `tool_choice` constraint to hold the final answer to as well (request_guided.py).
+    #: `tool_choice` constraint to hold the final answer to as well (request/guided.py).
     final_content: dict[str, Any] | None = None
     #: `json_schema` / `json_object` when the final answer must be JSON, and its schema: what
     #: the output is checked against after the fact (constraint.py).

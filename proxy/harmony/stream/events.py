@@ -15,7 +15,7 @@ import orjson
 Event = dict[str, Any]
 Item = dict[str, Any]
 
-# Item types; also the "kind" of an open item in stream.py.
+# Item types; also the "kind" of an open item in stream/repair.py.
 REASONING = "reasoning"
 MESSAGE = "message"
 FUNCTION_CALL = "function_call"

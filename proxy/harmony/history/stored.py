@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from proxy.harmony import events as ev
+from proxy.harmony.stream import events as ev
 
 #: Event types that end a stream (a cancelled response ends with `response.failed` whose
 #: response has status `cancelled`: OpenAI's event set has no `response.cancelled`).

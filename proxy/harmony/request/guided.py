@@ -5,7 +5,7 @@ the prompt stops gpt-oss from calling a tool under `"none"` or calling another o
 function. What can stop it is the engine: trtllm's `/v1/completions` takes `response_format`
 `{"type": "structural_tag", "format": <xgrammar structural-tag format>}` (validated by xgrammar's
 `Format` model, compiled with `GuidedDecodingParams(structural_tag=...)`; trtllm-serve.md §6),
-the mechanism `text.format` already uses (request_text.py). The constraint here is on the
+the mechanism `text.format` already uses (request/text.py). The constraint here is on the
 *headers* gpt-oss writes; message bodies stay free text:
 
     sequence[ HEADER,
@@ -51,7 +51,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from proxy.harmony.constraint import TOOL_CHOICE_KINDS, OutputConstraint
-from proxy.harmony.request_check import (
+from proxy.harmony.request.check import (
     at,
     describe,
     fail,
@@ -62,8 +62,8 @@ from proxy.harmony.request_check import (
     want_object,
     want_str,
 )
-from proxy.harmony.request_text import TextConfig
-from proxy.harmony.request_tools import FUNCTIONS, ToolSet
+from proxy.harmony.request.text import TextConfig
+from proxy.harmony.request.tools import FUNCTIONS, ToolSet
 
 ANALYSIS = "<|channel|>analysis<|message|>"
 PREAMBLE = "<|channel|>commentary<|message|>"

@@ -12,7 +12,7 @@ model's context, `max_prompt_tokens` (a setting; 131,072 for gpt-oss). When they
 
 Efficiency: the conversation is rendered once; only when it does not fit is each input message
 rendered on its own, once, for its length. Harmony renders messages one by one with nothing
-carried between them for the messages `request_items` builds (request_prefix.py explains why),
+carried between them for the messages `request_items` builds (request/prefix.py explains why),
 so a kept suffix is as long as the sum of its messages and the first cut found fits; the result
 is rendered once more, and checked.
 """

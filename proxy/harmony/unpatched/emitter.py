@@ -31,7 +31,7 @@ openai 3.57.0). Upstream handles each engine output (`token_ids_diff`) like this
    the processor, whose counter is still 0.
 5. On the output that carries the finish, `responses_api_streaming_post_processor` appends
    `response.completed`, rebuilt by the non-streaming builder from *all* token ids
-   (`unpatched_output.py`) with status `finish_reason_mapping(finish_reason)`: stop →
+   (`unpatched/output.py`) with status `finish_reason_mapping(finish_reason)`: stop →
    completed, length → incomplete (no done events, `incomplete_details` null), timeout →
    failed, cancelled → cancelled, anything else → RuntimeError. `usage` is always null.
    If that builder raises, the post-processor call raises: the events of that last output and
@@ -57,7 +57,7 @@ from openai_harmony import HarmonyEncoding, HarmonyError, Role, StreamableParser
 
 from proxy.harmony.response import IdFactory, ResponseContext, response_object
 from proxy.harmony.tokens import MESSAGE, MESSAGE_ENDS
-from proxy.harmony.unpatched_output import (
+from proxy.harmony.unpatched.output import (
     ParsedMessage,
     UpstreamOutputError,
     message_item,

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from operator import itemgetter
 from typing import Any
 
-from proxy.harmony.parser import TokenTable
+from proxy.harmony.stream.parser import TokenTable
 
 Entry = dict[str, Any]
 

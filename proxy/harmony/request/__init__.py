@@ -1,0 +1,16 @@
+"""A `/v1/responses` request → the prompt ids, sampling and echo upstream would use, or a 400.
+
+prepare.py  the entry: `parse_body`, `prepare_request` → `PreparedRequest` (theory of operation)
+check.py    typed reads of the body; every 400 of the request side is raised here
+shapes.py   the keys each request object may hold (from OpenAI's spec)
+fields.py   the top-level fields, validated once into a frozen `Fields`
+items.py    `input` items → Harmony messages
+tools.py    `tools` → Harmony tool namespaces
+text.py     `text` (its echo) and `text.format` as upstream's guided decoding
+guided.py   `tool_choice` as guided decoding on the message headers
+fit.py      `truncation`: the prompt within the model's context
+prefix.py   the rendered system + developer head, cached
+
+May import: `proxy.errors`, `proxy.harmony` base modules (`tokens`, `constraint`,
+`reasoning_seal`, `response`). Never the stream, the shell or I/O.
+"""
