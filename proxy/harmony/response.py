@@ -2,9 +2,9 @@
 
 Both the repaired stream (`stream/repair.py`) and the model of the unpatched upstream
 (`unpatched/emitter.py`) carry this object in `response.created`, `response.in_progress` and the
-terminal event, so it lives here once. Its keys and defaults mirror trtllm-serve's `ResponsesResponse` (openai 3.57.0
-model) as recorded in `tests/fixtures/trtllm-oracle/`, so a client sees the fields it would have
-seen from upstream.
+terminal event, so it lives here once. Its keys and defaults mirror trtllm-serve's
+`ResponsesResponse` (openai 3.57.0 model) as recorded in `tests/fixtures/trtllm-oracle/`, so a
+client sees the fields it would have seen from upstream.
 """
 
 from __future__ import annotations
