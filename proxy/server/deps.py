@@ -1,6 +1,7 @@
-"""What every repaired request shares: the app's `ServerState`, the injected `RepairDeps`, and
-the drain's bound on waiting (`until_drained`). Owned by the app factory (app.py), read by the
-exchanges (exchange.py) and the route (repair.py)."""
+"""What every request of one app shares: its `ServerState` (what upstream can do, the counts the
+drain waits for), the `RepairDeps` an exchange is given, and the drain's bound on waiting
+(`until_drained`). Built once per app (services.py), read by the exchanges (exchange.py), the
+pass-through relay (relay.py) and the routes (routes/)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from openai_harmony import HarmonyEncoding
 
@@ -22,10 +23,6 @@ from proxy.metrics import Metrics
 from proxy.server.rendering.pool import Renderer
 from proxy.upstream.client import Upstream
 from proxy.upstream.probe import Capability
-
-if TYPE_CHECKING:
-    from proxy.server.stateful.background import Background
-    from proxy.server.stateful.state import Stateful
 
 T = TypeVar("T")
 
@@ -48,13 +45,14 @@ class ServerState:
     probed: asyncio.Event = field(default_factory=asyncio.Event)
     first_probe_wait: float = FIRST_PROBE_WAIT
     in_flight: int = 0
-    #: Requests being handled on the proxy's own routes (app.py), for the drain (runner.py).
+    #: Requests being handled on the proxy's own routes (`Counted`, routes/answers.py), for
+    #: the drain (processes/runner.py).
     active: int = 0
     draining: bool = False
     #: True once the drain period is over: open streams end with `response.failed`.
     force_end: bool = False
     #: What wakes each open stream's wait for its next frame when the drain is over (a
-    #: callback per stream, not a task per stream: memory per open stream, issue 7).
+    #: callback per stream, not a task per stream: a task costs memory per open stream).
     interrupts: set[Callable[[], None]] = field(default_factory=set)
 
     def end_all(self) -> None:
@@ -66,7 +64,8 @@ class ServerState:
 
 @dataclass(frozen=True)
 class RepairDeps:
-    """Everything an exchange needs, injected by the app factory (house-style principle 5)."""
+    """Everything an exchange needs, injected by the app factory: every seam (encoding, upstream,
+    metrics, ids, clocks, renderer) is a field, none a module global."""
 
     settings: Settings
     encoding: HarmonyEncoding
@@ -77,25 +76,21 @@ class RepairDeps:
     ids: IdFactory
     #: Rendered system + developer prompts, shared by the requests of one app.
     prefixes: PrefixCache
-    #: Validation + rendering, off the event loop (rendering/pool.py, issue 12); it opens input
+    #: Validation + rendering, off the event loop (rendering/pool.py); it opens input
     #: reasoning with the same keys and applies `max_prompt_tokens`.
     renderer: Renderer
-    #: Seal `encrypted_content` of output reasoning items (issue 14).
+    #: Seal `encrypted_content` of output reasoning items.
     reasoning_keys: ReasoningKeys
     #: The bytes of token ids, shared by the streams of one app (None: one per stream).
     tokens: TokenTable | None = None
     clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
-    #: The response store's side of the shell (None: `store_url = off`) and the background
-    #: runs (issue 13).
-    stateful: Stateful | None = None
-    background: Background | None = None
 
 
 async def until_drained(state: ServerState, work: Awaitable[T]) -> T:
-    """`await work`, unless the drain period ends first: then 503 `server_shutting_down`
-    (issue 12: a request still rendering or waiting for upstream's head at the drain timeout
-    gets a JSON 503, never a 500 from uvicorn's cancellation)."""
+    """`await work`, unless the drain period ends first: then 503 `server_shutting_down` (a
+    request still rendering or waiting for upstream's head at the drain timeout gets a JSON 503,
+    never a 500 from uvicorn's cancellation)."""
     timer: asyncio.Timeout | None = None
 
     def interrupt() -> None:

@@ -15,8 +15,8 @@ a 413 of the app, an early answer passed through from upstream, an answer with
 `connection: close` (uvicorn then closes the connection itself: the transport a request's cycle
 holds is `_CycleTransport`, whose `close` lingers while the client is still sending).
 
-Room under the cap. `Guard` keeps, oldest first, three registers of connections that may be
-closed for a new one when `max_connections` are open (`Guard.make_room`, in this order):
+Room under the cap. `Connections` keeps, oldest first, three registers of connections that may
+be closed for a new one when `max_connections` are open (`Connections.make_room`, in this order):
 lingering ones (answered already); those waiting for a request head, with none of it received
 yet or only part (a silent or slow client: `headless_shed`); idle keep-alive ones
 (`idle_shed`). A connection whose head is in and whose answer is not finished — a request in
@@ -27,15 +27,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import orjson
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from proxy.errors import ProxyError
-
-if TYPE_CHECKING:
-    from proxy.server.http.guard import Guard
+from proxy.server.http.connections import Connections
 
 #: Bytes a connection we answered may still send us before we close it anyway (a reset): room
 #: for a body over the default `max_body_bytes` or a multi-megabyte header line to arrive whole.
@@ -62,7 +60,8 @@ class ClosingProtocol(HttpToolsProtocol):
     """The ends of a guarded connection (module doc); `GuardedProtocol` adds the limits, and
     keeps the request state read here (`_in_head`, `_head_bytes`, `_in_body`)."""
 
-    guard: ClassVar[Guard]
+    #: What the connections of the server share (set by `Guard.protocol`, guard.py).
+    guard: ClassVar[Connections]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -124,7 +123,7 @@ class ClosingProtocol(HttpToolsProtocol):
             self.guard.idle.pop(self, None)
 
     def shed(self) -> None:
-        """Close this connection now to make room for a new one (`Guard.make_room`)."""
+        """Close this connection now to make room for a new one (`Connections.make_room`)."""
         transport = self.transport
         if self._lingering:
             self._lingering = False

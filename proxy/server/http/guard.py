@@ -1,5 +1,5 @@
-"""HTTP/1.1 limits on the client side (issue 12, items 2 and 7): uvicorn's httptools protocol
-plus the guards it lacks, answered the way nginx and Envoy answer them.
+"""HTTP/1.1 limits on the client side: uvicorn's httptools protocol plus the guards it lacks,
+answered the way nginx and Envoy answer them.
 
 uvicorn 0.55's `HttpToolsProtocol` parses with llhttp (httptools) but bounds neither a request
 head's size nor its header count, times neither a head nor a body, and counts no connections
@@ -32,7 +32,10 @@ hard one and fits, within it: what is open already and a reserve (`FD_SPARE`, an
 worker's pipe), the listen backlog (one accept burst takes it whole before the guard sees any
 of it; a quarter of what is left), and `max_connections` at two descriptors each.
 
-The protocol itself: `proxy/server/http/guard_protocol.py`; how connections end: `closing.py`.
+The protocol itself: guard_protocol.py; how connections end: closing.py; what the connections
+of one server share (the limits, the count, the registers): connections.py. A request head llhttp
+rejects (a malformed request line or header) is answered the same way: an OpenAI-style JSON 400
+`bad_request` and a lingering close, never uvicorn's plain-text 400.
 """
 
 from __future__ import annotations
@@ -41,14 +44,14 @@ import dataclasses
 import logging
 import os
 import resource
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from proxy.config import Settings
 from proxy.metrics import Metrics
-from proxy.server.http.closing import ClosingProtocol
+from proxy.server.http.connections import BACKLOG, Connections, Limits
 from proxy.server.http.guard_protocol import GuardedProtocol
+
+__all__ = ["Guard", "Limits", "fit_open_files", "http_guard"]
 
 #: Open files kept, beyond those open when the guard is made, for what is not a client
 #: connection or its upstream request: the store (an SQLite file and its journal, or Redis
@@ -56,53 +59,10 @@ from proxy.server.http.guard_protocol import GuardedProtocol
 FD_SPARE = 48
 #: Open files of each render worker, in the proxy's process (its pipe and its socket).
 FD_PER_RENDER_WORKER = 2
-#: uvicorn's listen backlog, when the open-file limit leaves room for it.
-BACKLOG = 2048
 
 
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """The client-side limits: the settings of the same names (config.py, README)."""
-
-    max_header_bytes: int
-    max_headers: int
-    header_timeout: float
-    body_timeout: float
-    body_min_rate: int
-    keepalive_timeout: float
-    #: 0: no cap.
-    max_connections: int
-    #: Connections the kernel may queue until they are accepted (uvicorn's `backlog`).
-    backlog: int = BACKLOG
-
-    @classmethod
-    def of(cls, settings: Settings) -> Limits:
-        names = [name for name in cls.__dataclass_fields__ if name != "backlog"]
-        return cls(**{name: getattr(settings, name) for name in names})
-
-
-class Guard:
-    """What the connections of one server share: the limits, the number of open connections,
-    the registers of those that may be closed for room (closing.py), and where limit events
-    go."""
-
-    def __init__(
-        self,
-        limits: Limits,
-        observe: Callable[[str], None] | None = None,
-        connections: Callable[[int], None] | None = None,
-    ) -> None:
-        self.limits = limits
-        self.observe: Callable[[str], None] = observe or (lambda kind: None)
-        #: Told the number of open connections when it changes (a gauge: with worker
-        #: processes a scrape cannot read another process's count; issue 17).
-        self.connections: Callable[[int], None] = connections or (lambda count: None)
-        self.open = 0
-        # The registers, each oldest first (insertion order): answered and lingering; waiting
-        # for a request head; idle keep-alive.
-        self.lingering: dict[ClosingProtocol, None] = {}
-        self.waiting: dict[ClosingProtocol, None] = {}
-        self.idle: dict[ClosingProtocol, None] = {}
+class Guard(Connections):
+    """The `Connections` of one server, and the uvicorn protocol bound to them."""
 
     def protocol(self) -> type[GuardedProtocol]:
         """The protocol class for `uvicorn.Config(http=...)`, bound to this guard."""
@@ -122,15 +82,6 @@ class Guard:
             "proxy_headers": False,
             "backlog": self.limits.backlog,
         }
-
-    def make_room(self) -> bool:
-        """Close one connection for a new one over the cap (module doc); False when every
-        connection has a request in flight."""
-        for register in (self.lingering, self.waiting, self.idle):
-            if register:
-                next(iter(register)).shed()  # which leaves the register
-                return True
-        return False
 
 
 def http_guard(settings: Settings, metrics: Metrics, logger: logging.Logger) -> Guard:

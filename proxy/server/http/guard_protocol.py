@@ -1,26 +1,31 @@
 """The guarded HTTP/1.1 protocol: uvicorn's `HttpToolsProtocol` with the limits of
-`proxy/server/http/guard.py` (issue 12, items 2 and 7).
+`proxy/server/http/guard.py`.
 
 Theory of operation. A connection is, at any time, waiting for or inside a head (`_in_head`;
 `_head_bytes` counts what arrived of it), or inside a body (`_in_body`), while zero or
 more of its requests are being answered (`_running`, then uvicorn's `pipeline` queue). The head
 timer runs from the accept, or from the first byte of a later request, until the head is in;
 the body timer from then until the body is in. A refusal (`_Refusal`, raised from a parser
-callback so that llhttp stops) is answered at once, or after the answers ahead of it; from
-then on input is read and dropped (`_discarding`) until the lingering close ends. How a
-connection ends — answers, lingering closes, and the registers of connections that may be closed
-for room under the cap — is `ClosingProtocol`'s (closing.py), which this class extends.
+callback so that llhttp stops, or made when llhttp rejects the bytes themselves) is answered at
+once, or after the answers ahead of it; from then on input is read and dropped (`_discarding`)
+until the lingering close ends. How a connection ends — answers, lingering closes, and the
+registers of connections that may be closed for room under the cap — is `ClosingProtocol`'s
+(closing.py), which this class extends.
 
-Pipelining (item 7). uvicorn answers pipelined requests in order from a queue, but its
-`connection_lost` tells only the newest parsed request (`self.cycle`) that the client went away:
-a stream running ahead of a queued request kept its upstream request generating after the client
-closed, then failed writing to the closed transport ("Exception in ASGI application"). Here
-every request of the connection, running or queued, sees `http.disconnect`. A client may queue
-at most `MAX_PIPELINED` requests behind the running one: those are all answered, the last with
+Pipelining. uvicorn answers pipelined requests in order from a queue, but its `connection_lost`
+tells only the newest parsed request (`self.cycle`) that the client went away: a stream running
+ahead of a queued request kept its upstream request generating after the client closed, then
+failed writing to the closed transport ("Exception in ASGI application"). Here every request of
+the connection, running or queued, sees `http.disconnect`. A client may queue at most
+`MAX_PIPELINED` requests behind the running one: those are all answered, the last with
 `connection: close`, and what followed them is dropped (RFC 9112 §9.3.2: a client retries the
 requests a closed connection left unanswered), so a connection's memory stays bounded. A client
 that half-closes ends the connection, as in uvicorn (and nginx, which aborts a proxied request on
 it): a half-close cannot be told from a client gone, and a gone client's GPU slot matters more.
+
+Malformed requests. A request line or header that llhttp rejects gets an OpenAI-style JSON 400
+(`bad_request`) and a lingering close like every other refusal here, not uvicorn's plain-text 400
+and immediate close (which a client still sending would see as a reset).
 
 Cost: nothing on the send path. Per request a few Python calls and a pass over the header list
 (~4 µs of CPU on the benchmark machine, bench/http_guard.py); a timer only for a head or body
@@ -39,15 +44,16 @@ from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 from proxy.errors import ClientError, ProxyError
 from proxy.server.http.closing import ClosingProtocol
 
-#: Requests a client may queue behind the one being answered (module doc, item 7).
+#: Requests a client may queue behind the one being answered (module doc, pipelining).
 MAX_PIPELINED = 32
 
 
 class _Refusal(Exception):
     """Raised from a parser callback to stop parsing a request we answer ourselves."""
 
-    def __init__(self, kind: str, status: int, error: ProxyError) -> None:
+    def __init__(self, kind: str | None, status: int, error: ProxyError) -> None:
         super().__init__(kind)
+        #: The `proxy_http_limits_total` kind; None: not a limit, not counted there.
         self.kind = kind
         self.status = status
         self.error = error
@@ -107,7 +113,7 @@ class GuardedProtocol(ClosingProtocol):
         self._cancel_timers()
         # Every request of the connection learns that its client is gone, not only the newest
         # parsed one (uvicorn's `self.cycle`): a running stream ahead of a pipelined request
-        # must stop, and release its upstream request, at once (module doc, item 7).
+        # must stop, and release its upstream request, at once (module doc, pipelining).
         for cycle in self._cycles():
             if not cycle.response_complete:
                 cycle.disconnected = True
@@ -179,9 +185,23 @@ class GuardedProtocol(ClosingProtocol):
             self._body_timer = self.loop.call_later(self._limits.body_timeout, self._body_check)
 
     def _bad_request(self) -> None:
-        msg = "Invalid HTTP request received."
-        self.logger.warning(msg)
-        self.send_400_response(msg)
+        """llhttp rejected the request (module doc, malformed requests)."""
+        self.logger.warning("Invalid HTTP request received.")
+        error = ClientError(
+            "invalid HTTP request: a malformed request line, header or body chunk",
+            code="bad_request",
+        )
+        if not self._in_body:
+            self._refuse(_Refusal(None, 400, error))
+            return
+        # A malformed body (a bad chunk): its request can never be whole, so its app is told the
+        # client is gone; our 400 when nothing was answered yet, else just the close.
+        cycle = self.cycle
+        self._disconnect_all()
+        if cycle is self._running and not cycle.response_started:
+            self._answer(400, error)
+        else:
+            self.transport.close()
 
     def on_headers_complete(self) -> None:
         # Checked once the head is in (uvicorn has collected it), not per header: no Python
@@ -324,7 +344,8 @@ class GuardedProtocol(ClosingProtocol):
 
     def _refuse(self, refusal: _Refusal) -> None:
         """Answer a request we stopped parsing: now, or after the responses ahead of it."""
-        self.guard.observe(refusal.kind)
+        if refusal.kind is not None:
+            self.guard.observe(refusal.kind)
         if self._responding():
             self._pending = refusal
             self._discarding = True

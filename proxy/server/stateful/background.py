@@ -1,5 +1,5 @@
-"""`background: true` (issue 13): responses that run in the proxy whether or not a client
-listens, and `POST /v1/responses/{id}/cancel`.
+"""`background: true`: responses that run in the proxy whether or not a client listens, and
+`POST /v1/responses/{id}/cancel`.
 
 A background response is recorded in the store *before* it is answered (status `queued`; a
 store that cannot take it is a 503), then runs as a task of this process: the same `Exchange`
@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.types import Send
 
@@ -29,16 +29,16 @@ from proxy.errors import ProxyError
 from proxy.harmony.history.stored import StoredResponse
 from proxy.harmony.response import response_object
 from proxy.server import asgi
+from proxy.server.deps import SHUTTING_DOWN, RepairDeps
+from proxy.server.exchange import Exchange
+from proxy.server.outcome import outcome_of, report
+from proxy.server.stateful.follow import follow
+from proxy.server.stateful.recording import recorder
+from proxy.server.stateful.state import Context, Stateful
 from proxy.store import CANCEL, Create, StoreError
-
-if TYPE_CHECKING:
-    from proxy.server.deps import RepairDeps
-    from proxy.server.exchange import Exchange
-    from proxy.server.stateful.state import Context
 
 #: Seconds between looks at the running entries' signals (missed pub/sub, poller gaps).
 CHECK_PERIOD = 5.0
-_SHUTTING_DOWN = "server_shutting_down"
 #: Seconds runs cancelled at shutdown get to store their end.
 _SHUTDOWN_GRACE = 5.0
 
@@ -56,19 +56,18 @@ async def _discard(message: Any) -> None:
 
 
 class Background:
-    """The background runs of this process (module docstring)."""
+    """The background runs of this process (module docstring), over `stateful`'s store."""
 
-    def __init__(self, deps: RepairDeps) -> None:
+    def __init__(self, deps: RepairDeps, stateful: Stateful) -> None:
         self._deps = deps
+        self._stateful = stateful
         self.runs: dict[str, _Run] = {}
         self._listener: asyncio.Task[None] | None = None
 
     async def launch(self, exchange: Exchange, context: Context, scope: str) -> dict[str, Any]:
         """Record the response as queued (503 when the store cannot), start its run, and return
         the queued response object (what the create answers at once)."""
-        deps = self._deps
-        stateful = deps.stateful
-        assert stateful is not None  # background needs the store: checked by the caller
+        deps, stateful = self._deps, self._stateful
         key = exchange.response_id
         queued = response_object(exchange.ctx, status="queued", output=[], usage=None)
         record = StoredResponse(queued, context.input, context.chain, True)
@@ -83,7 +82,7 @@ class Background:
             aliases=tuple(item["id"] for item in context.input),
         )
         await stateful.guard(stateful.store.apply([create]))
-        exchange.recorder = stateful.recorder(key, scope, context, created=True)
+        exchange.recorder = recorder(stateful, key, scope, context, created=True)
         run = _Run(exchange, scope)
         run.task = asyncio.create_task(self._run(run))
         self.runs[key] = run
@@ -93,22 +92,20 @@ class Background:
         return queued
 
     async def _run(self, run: _Run) -> None:
-        from proxy.server.repair import finish_exchange
-
         deps, exchange = self._deps, run.exchange
-        recorder = exchange.recorder
-        assert recorder is not None
+        keeper = exchange.recorder
+        assert keeper is not None
         deps.state.in_flight += 1
         deps.metrics.in_flight.inc()
         outcome = "failed"
         try:
             try:
                 await exchange.stream(_discard)
-                outcome = _outcome_of(exchange)
+                outcome = outcome_of(exchange)
             except ProxyError as error:  # upstream refused it before its first byte
                 events = exchange.core.start() if exchange.phase == "before_upstream" else []
                 events += exchange.core.fail(error.code or "upstream_error", error.message)
-                await recorder.finish(events)
+                await keeper.finish(events)
                 outcome = "upstream_error"
             except asyncio.CancelledError:
                 if run.reason is None:
@@ -122,14 +119,14 @@ class Background:
                         events += exchange.core.cancel()
                         outcome = "cancelled"
                     else:
-                        events += exchange.core.fail(_SHUTTING_DOWN, "the proxy is shutting down")
-                await recorder.finish(events)
+                        events += exchange.core.fail(SHUTTING_DOWN, "the proxy is shutting down")
+                await keeper.finish(events)
         finally:
             deps.state.in_flight -= 1
             deps.metrics.in_flight.dec()
             self.runs.pop(exchange.response_id, None)
             deps.metrics.background.set(len(self.runs))
-            finish_exchange(deps, exchange, outcome, "false", exchange.prepared.model, {})
+            report(deps, exchange, outcome, "false", exchange.prepared.model, {})
 
     def cancel(self, key: str) -> bool:
         """Cancel the run of `key` if it is in this process (idempotent)."""
@@ -143,8 +140,7 @@ class Background:
 
     async def _listen(self) -> None:
         """Cancel signals raised anywhere, while this process runs background responses."""
-        stateful = self._deps.stateful
-        assert stateful is not None
+        stateful = self._stateful
         store = stateful.store
         loop = asyncio.get_running_loop()
         checked = loop.time()
@@ -182,13 +178,8 @@ class Background:
                 await self._listener
 
 
-def _outcome_of(exchange: Exchange) -> str:
-    status = exchange.core.record().status
-    return status if status in ("completed", "incomplete", "failed", "cancelled") else "failed"
-
-
 async def answer_background(
-    deps: RepairDeps,
+    stateful: Stateful,
     scope_key: str,
     queued: dict[str, Any],
     inbound: asgi.Inbound,
@@ -201,7 +192,4 @@ async def answer_background(
     if not stream:
         await asgi.send_json(send, 200, queued, id_header)
         return
-    from proxy.server.stateful.responses_api import follow
-
-    assert deps.stateful is not None
-    await follow(deps, scope_key, queued["id"], -1, inbound, send, id_header)
+    await follow(stateful, scope_key, queued["id"], -1, inbound, send, id_header)

@@ -1,4 +1,4 @@
-"""One stored response's writes: the `Recorder` hands its events to the store writer (issue 13).
+"""One stored response's writes: the `Recorder` hands its events to the store writer.
 
 The exchange calls `add(events)` for every batch it writes (cheap: a list append and a wake-up
 of the writer task; nothing is serialised or awaited on the way to the client) and
@@ -13,7 +13,7 @@ events (`Create`: the response as `response.created` carried it, the input items
 aliases for their ids), every later batch is one `Append` however many frames piled up, and the
 end replaces the record with the terminal snapshot (`Update`, aliases for the output items).
 
-A response created with `conversation` (issue 16) also adds, in the same batch as its end, its
+A response created with `conversation` also adds, in the same batch as its end, its
 input items and then its output items to the conversation (one `Push`: concurrent responses'
 items never interleave), when it ended `completed` or `incomplete`. A failed or cancelled one
 adds nothing, so the client can send the same request again. With `store: false` the response
@@ -23,16 +23,13 @@ itself is not kept (`keep` false): only the conversation's items are written.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from proxy.harmony.history.conversation import encode_items
 from proxy.harmony.history.stored import StoredResponse, encode_events
+from proxy.server.stateful.state import Context, Stateful
 from proxy.store import Append, Create, Op, Push, StoreError, Update
-
-if TYPE_CHECKING:
-    from proxy.server.stateful.state import Stateful
 
 
 class Recorder:
@@ -56,12 +53,12 @@ class Recorder:
         self._created = created or not keep
         self._pending: list[dict[str, Any]] = []
         self._final: StoredResponse | None = None
-        #: The conversation the response adds its items to, and its input items (issue 16).
+        #: The conversation the response adds its items to, and its input items.
         self.conversation: tuple[str, tuple[dict[str, Any], ...]] | None = None
         self._added: tuple[dict[str, Any], ...] = ()
         self.finished = False
         if keep:
-            stateful.running[key] = self  # its lease is renewed while it runs
+            stateful.running.add(key)  # its lease is renewed while it runs
 
     def add(self, events: list[dict[str, Any]]) -> None:
         """Events written to the client (or, in the background, to no one); not the last."""
@@ -78,7 +75,7 @@ class Recorder:
         if self.finished:
             return
         self.finished = True
-        self._stateful.running.pop(self.key, None)
+        self._stateful.running.discard(self.key)
         if events:
             self.add(events)
             ended = events[-1]["response"]
@@ -142,5 +139,13 @@ class Recorder:
 _ADDED_WHEN = frozenset({"completed", "incomplete"})
 
 
-#: A recorder factory for the exchange: `(response id) -> Recorder`.
-RecorderFactory = Callable[[str], Recorder]
+def recorder(
+    stateful: Stateful, key: str, scope: str, context: Context, *, created: bool = False
+) -> Recorder:
+    """The recorder of the response `key` of `scope`, continuing `context` (`created`: its
+    record is in the store already, as a background response's is)."""
+    record = StoredResponse({}, context.input, context.chain, context.background)
+    made = Recorder(stateful, key, scope, record, created=created, keep=context.store)
+    if context.conversation is not None:
+        made.conversation = (context.conversation, context.appended)
+    return made

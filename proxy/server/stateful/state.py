@@ -1,5 +1,5 @@
-"""The stateful half of `/v1/responses` in the shell (issue 13): who may see what, the context a
-request continues, and the store's housekeeping.
+"""The stateful half of `/v1/responses` in the shell: who may see what, the context a request
+continues, and the store's housekeeping.
 
 - **Scope** (scope.py): a response belongs to the credential that created it — a SHA-256 of the
   `Authorization` bearer token, or of the `store_scope_header` value; no credential at all is
@@ -12,7 +12,8 @@ request continues, and the store's housekeeping.
   whole → 400 `previous_response_not_found`, as OpenAI answers it; an unknown conversation or
   referenced item → 404; store down → 503, all before anything reaches upstream; errors of
   the merged input are told in the request's own item numbers.
-- **Recorders** (recording.py) carry each stored response's writes to the one `StoreWriter`.
+- **Recorders** (recording.py, above this module) carry each stored response's writes to the one
+  `StoreWriter`; a running one is listed in `running` while it runs.
 - **Leases**: a running stored response is vouched for by its process (`Lease` every
   `HEARTBEAT` seconds). A reader that finds one past its lease ends it as failed
   (`end_abandoned`): a crashed process never leaves a response `in_progress` for ever.
@@ -44,7 +45,6 @@ from proxy.harmony.request.fields import check_response_id, previous_not_found
 from proxy.harmony.request.prepare import PreparedRequest
 from proxy.harmony.response import IdFactory
 from proxy.metrics import Metrics
-from proxy.server.stateful.recording import Recorder
 from proxy.store import Append, Entry, Lease, Op, Store, StoreError, Update
 from proxy.store.measured import Measured
 from proxy.store.writer import StoreWriter
@@ -71,7 +71,7 @@ class Context:
     #: Whether the response itself is stored (`store`).
     store: bool = True
     #: The conversation the response belongs to, and its own input items as that
-    #: conversation keeps them (issue 16): appended, with the output items, when it ends.
+    #: conversation keeps them: appended, with the output items, when it ends.
     conversation: str | None = None
     appended: tuple[dict[str, Any], ...] = ()
 
@@ -93,7 +93,7 @@ class Loaded:
 
 
 class Stateful:
-    """Scopes, contexts, recorders, leases and housekeeping over one store (module doc)."""
+    """Scopes, contexts, leases and housekeeping over one store (module doc)."""
 
     lease_seconds = LEASE_SECONDS
 
@@ -111,8 +111,8 @@ class Stateful:
         self.ids = ids
         self.clock = clock
         self._logger = logger
-        #: Recorders of responses running in this process, by id (their leases).
-        self.running: dict[str, Recorder] = {}
+        #: Ids of the stored responses running in this process (their leases are renewed).
+        self.running: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._store: Store | None = None
         self._writer: StoreWriter | None = None
@@ -307,16 +307,7 @@ class Stateful:
         except (StoreError, TimeoutError) as exc:
             raise StoreUnavailableError("the response store is unavailable; retry shortly") from exc
 
-    # -- recorders and readers ------------------------------------------------------------------
-
-    def recorder(
-        self, key: str, scope: str, context: Context, *, created: bool = False
-    ) -> Recorder:
-        record = StoredResponse({}, context.input, context.chain, context.background)
-        recorder = Recorder(self, key, scope, record, created=created, keep=context.store)
-        if context.conversation is not None:
-            recorder.conversation = (context.conversation, context.appended)
-        return recorder
+    # -- readers ------------------------------------------------------------------------------
 
     async def load(self, scope: str, key: str) -> Loaded | None:
         """The response `key` as `scope` sees it now (None: not found); a running response's

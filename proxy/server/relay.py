@@ -1,4 +1,5 @@
-"""Everything the proxy does not repair goes to upstream untouched, streamed both ways.
+"""The pass-through relay: everything the proxy does not repair goes to upstream untouched,
+streamed both ways (the routes that use it: routes/passthrough.py).
 
 Method, path, query and body go up as received; status, headers (hop-by-hop ones dropped) and
 body come back as upstream sends them, chunk by chunk, so SSE (a chat completion, a completion)
@@ -79,7 +80,7 @@ async def forward(
 ) -> None:
     """Pass one request through; `body` when it was already read (a /v1/responses we skip).
 
-    Upstream faults end cleanly (issue 12). Before our head is sent, upstream unreachable, too
+    Upstream faults end cleanly. Before our head is sent, upstream unreachable, too
     slow (`timeout`) or answering something that is no valid response is a JSON error (502,
     504). After it, a body that is cut, malformed, stalled (nothing for `timeout` from the
     request, then `idle_timeout` between reads) or followed by stray bytes aborts the
@@ -87,7 +88,7 @@ async def forward(
     clean end that hides the loss). Either way: this request's one log line and one count in
     `proxy_upstream_errors_total`.
 
-    With `state`, the drain's end (issue 12, item 4) ends it as it ends a repaired request: a
+    With `state`, the drain's end ends it as it ends a repaired request: a
     JSON 503 `server_shutting_down` while upstream's head has not come, an abort after it (the
     client sees the cut); logged, never counted as upstream's fault, and never left for
     uvicorn to cancel.
@@ -194,7 +195,7 @@ async def _relay_body(answer: Response, send: Send, first: float, idle: float) -
 
 
 async def _refuse(send: Send, failure: ProxyError, metrics: Metrics, request_id: str) -> str:
-    """Answer a failure before our head as JSON; count it when it is upstream's (issue 12)."""
+    """Answer a failure before our head as JSON; count it when it is upstream's."""
     error = failure.code or failure.error_type
     if isinstance(failure, UpstreamError):
         kind = "timeout" if failure.code == "upstream_timeout" else error
