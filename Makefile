@@ -34,10 +34,13 @@ test: vocab tools
 	$(PY) -m coverage run -m pytest $(PYTEST_ARGS)
 	$(PY) -m coverage report
 
+# The layers of proxy/ (pyproject.toml's [tool.importlinter]) and no import circle anywhere.
 lint: install
 	$(PY) -m ruff format --check proxy tests bench
 	$(PY) -m ruff check proxy tests bench
 	$(PY) -m mypy --strict proxy
+	$(VENV)/bin/lint-imports --no-cache --no-logo
+	$(PY) -m pytest -q -p no:cacheprovider tests/test_import_graph.py
 
 deploy-check: install tools
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" scripts/check-deploy
