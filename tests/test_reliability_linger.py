@@ -213,3 +213,46 @@ def test_lingering_ends_when_the_client_stops_sending(proxy: Proxy) -> None:
             pass  # the proxy closed: a reset for our next byte
         elapsed = time.monotonic() - started
     assert LINGER_SECONDS - 0.5 < elapsed < LINGER_SECONDS + 2, elapsed
+
+
+# -- a request llhttp rejects: a JSON 400, then the lingering close -------------------------------
+
+MALFORMED = {
+    "request_line": b"GET /v1/models HTTP/1.1 extra\r\nhost: proxy.test\r\n\r\n",
+    "method": b"G\x01T /v1/models HTTP/1.1\r\nhost: proxy.test\r\n\r\n",
+    "header_name": b"GET /v1/models HTTP/1.1\r\nhost: proxy.test\r\nbad header: x\r\n\r\n",
+    "header_value": b"GET /v1/models HTTP/1.1\r\nhost: proxy.test\r\nx-a: b\x00c\r\n\r\n",
+    "chunk_size": post_head("/v1/responses", None) + b"zz\r\n{}\r\n0\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("data", MALFORMED.values(), ids=list(MALFORMED))
+def test_a_malformed_request_gets_a_json_400(
+    proxy: Proxy, upstream: tuple[UpstreamDouble, str], data: bytes
+) -> None:
+    """Never uvicorn's plain-text 400, and never a reset for a client still sending: what
+    follows the bad bytes (here 4 MB of them) is read and dropped before the close."""
+    double, _ = upstream
+
+    def asked() -> int:
+        return sum(1 for seen in double.seen if seen.path in ("/v1/models", "/v1/responses"))
+
+    before = asked()
+    answer = send_then_read(port_of(proxy.url), data, b"x" * 4_000_000)
+    assert_error(answer, 400, "bad_request")
+    assert answer.headers["connection"] == "close"
+    assert answer.json()["error"]["type"] == "invalid_request_error"
+    assert asked() == before  # nothing reached upstream
+    assert not proxy.logs.problems()
+
+
+def test_a_malformed_request_behind_a_good_one_is_answered_after_it(proxy: Proxy) -> None:
+    good = b"GET /healthz HTTP/1.1\r\nhost: proxy.test\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port_of(proxy.url)), timeout=20) as sock:
+        sock.sendall(good + MALFORMED["request_line"])
+        read = read_all(sock, 20)
+    first, second = parse(read.data, ["GET", "GET"])
+    assert first.status == 200
+    assert first.json() == {"status": "ok"}
+    assert_error(second, 400, "bad_request")
+    assert read.closed
