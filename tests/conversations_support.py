@@ -1,6 +1,6 @@
-"""Conversations in tests (issue 16): SDK clients whose every answer from a conversation route —
+"""Conversations in tests: SDK clients whose every answer from a conversation route —
 and every non-streamed `/v1/responses` answer — is validated against OpenAI's published spec
-(issue 14's validator, tests/openapi.py) on its way to the SDK, whatever else the test asserts.
+(tests/openapi.py) on its way to the SDK, whatever else the test asserts.
 
 The one departure: an empty item list carries `first_id`/`last_id` null (OpenAI's own empty
 lists do; the spec says string, with nothing to name), checked as exactly that.

@@ -1,4 +1,4 @@
-"""Shared by the reliability suite (`tests/test_reliability_*.py`, issue 7).
+"""Shared by the reliability suite (`tests/test_reliability_*.py`).
 
 Everything runs on real loopback sockets: the proxy (in-process on its own uvicorn thread, or as
 a `python -m proxy serve` process when its own memory or signals are under test), the trtllm-serve
@@ -183,7 +183,7 @@ def running_proxy(
     logger = logging.getLogger("responses_repair_proxy.reliability")
     logger.setLevel(logging.INFO)
     app = create_app(settings, encoding, ids=CountingIds(), registry=registry, logger=logger)
-    # The HTTP guard and forwarding set-up of `serve` (issue 12), so live tests see what users run.
+    # The HTTP guard and forwarding set-up of `serve`, so live tests see what users run.
     options = http_guard(settings, app.state.metrics, logger).uvicorn_options()
     with LiveServer(app, **options) as server, logs.attached():  # the proxy's log propagates
         logs.thread = server._thread.ident

@@ -1,4 +1,4 @@
-"""The body budget (issue 12, item 3), on its own: reservations wait first come first served,
+"""The body budget, on its own: reservations wait first come first served,
 give up with a 503 after the wait, and a body is read only within its reservation."""
 
 from __future__ import annotations

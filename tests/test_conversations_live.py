@@ -1,4 +1,4 @@
-"""The Conversations API end to end (issue 16): the `openai` SDK (strict, every answer checked
+"""The Conversations API end to end: the `openai` SDK (strict, every answer checked
 against OpenAI's spec by tests/conversations_support.py) against the proxy on real sockets, in
 front of the simulator, on the memory store. The same calls run on the embedded store and on
 real Redis with two `serve` processes in test_conversations_serve.py."""

@@ -1,4 +1,4 @@
-"""Conversations on real `serve` processes (issue 16, "done when"): every call through the strict
+"""Conversations on real `serve` processes: every call through the strict
 `openai` SDK (answers checked against OpenAI's spec), with two proxy processes on one store —
 the embedded one in a shared data directory (the processes of one host) and a real Redis
 (replicas) — appending to one conversation at once from both. Each `serve` runs its built-in

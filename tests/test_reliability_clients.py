@@ -1,4 +1,4 @@
-"""Clients that go away, at every point of a stream and all at once (issue 7).
+"""Clients that go away, at every point of a stream and all at once.
 
 A client that disconnects must release the upstream request within a second (trtllm-serve then
 stops generating: the simulator records the moment it saw its connection close), be counted in

@@ -1,4 +1,4 @@
-"""Upstream faults at every point of a stream, through the proxy, on real sockets (issue 7).
+"""Upstream faults at every point of a stream, through the proxy, on real sockets.
 
 The trtllm-serve simulator injects each fault (`X-Sim-Fault`, forwarded by the proxy) after an
 exact number of generated tokens: right after `response.created` (0 tokens), inside the

@@ -1,4 +1,5 @@
-"""Headers, logs and error bodies under hostile input (issue 12, item 6), on real sockets.
+"""Headers, logs and error bodies under hostile input, on real sockets: forwarding headers set
+from the connection only, a sane X-Request-Id, client strings capped and escaped in logs.
 
 What upstream receives is checked at a real upstream (the scripted double, a uvicorn server on
 loopback) for both routes: the pass-through and the repaired route's `/v1/completions`.

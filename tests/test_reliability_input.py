@@ -1,6 +1,6 @@
 """Bad input on the wire: whatever a client sends to `/v1/responses`, the proxy answers a clear
 4xx JSON error (or serves it, when it is a valid request), never a 5xx, never crashes, and serves
-the next request (issue 7). Fuzzed bodies go over a real socket to the proxy in front of the
+the next request. Fuzzed bodies go over a real socket to the proxy in front of the
 simulator; the number of examples grows with `PROXY_RELIABILITY_SCALE`.
 """
 

@@ -1,4 +1,4 @@
-"""HTTP server limits on real loopback sockets (issue 12, item 2): oversized heads and too many
+"""HTTP server limits on real loopback sockets: oversized heads and too many
 headers (431, nothing forwarded), slow heads (408 / close), body pauses and slow bodies (408),
 and keep-alive idle (the connection cap: tests/test_reliability_cap.py). Clients are raw sockets;
 answers are parsed with h11 (tests/rawhttp.py).

@@ -1,5 +1,5 @@
 """Load and memory: many concurrent streams through a proxy process, and a client that reads
-nothing (issue 7).
+nothing.
 
 The proxy runs as `python -m proxy serve` (its memory is its own, read from /proc) in front of
 the simulator (in this process, its own thread). Sizes: `PROXY_RELIABILITY_SCALE=short` (CI)

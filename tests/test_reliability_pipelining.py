@@ -1,4 +1,4 @@
-"""Pipelined requests on one connection (issue 12, item 7), on raw loopback sockets.
+"""Pipelined requests on one connection, on raw loopback sockets.
 
 Reproduced first: every ordering of a streamed `/v1/responses`, `GET /healthz` and pass-through
 requests written at once was answered, in order, by uvicorn's own queue. What was lost were
@@ -6,7 +6,8 @@ the running request's ends: uvicorn's `connection_lost` marked only the newest p
 disconnected, so a stream ahead of a queued request never heard that its client had gone — it
 kept its upstream request generating, then failed writing to the closed socket ("Exception in
 ASGI application"), and a client that half-closed after its requests got that too. The fix is
-in the protocol (proxy/server/http/guard.py): every request of the connection sees the disconnect.
+in the protocol (proxy/server/http/guard_protocol.py): every request of the connection sees
+the disconnect.
 """
 
 from __future__ import annotations

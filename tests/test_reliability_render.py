@@ -1,4 +1,4 @@
-"""Costly inputs and many bodies at once (issue 12, items 1 and 3), over real sockets.
+"""Costly inputs and many bodies at once, over real sockets.
 
 - A body openai-harmony needs minutes to render (one unbroken run of 1 MB, 100,000 CJK
   characters, 100,000 input items) no longer holds the event loop: `/healthz` and an open stream
@@ -133,7 +133,7 @@ def test_realistic_bodies_up_to_the_limit_are_rendered(proxy: Proxy) -> None:
     assert answer.status_code == 200, answer.text[:300]
     assert assert_well_formed(sse_events(answer.content))["status"] == "completed"
     # the body limit: rendered well within render_timeout; ~930,000 tokens are more than the
-    # model's context, which upstream (or max_prompt_tokens, issue 14) refuses: a 400
+    # model's context, which upstream (or the proxy's max_prompt_tokens) refuses: a 400
     content = orjson.dumps(body(words[: LIMIT - 200]))
     assert LIMIT - 300 < len(content) <= LIMIT
     answer = httpx.post(proxy.url + "/v1/responses", content=content, timeout=60)

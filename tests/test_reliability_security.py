@@ -1,4 +1,4 @@
-"""Security basics (issue 7): credentials never logged or echoed; no header or request target
+"""Security basics: credentials never logged or echoed; no header or request target
 sends the proxy anywhere but its configured upstream; nothing upstream puts in its response
 headers reaches a repaired stream.
 """

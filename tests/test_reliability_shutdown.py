@@ -1,4 +1,4 @@
-"""SIGTERM against a real `serve` process (issues 7 and 12, item 4).
+"""SIGTERM against a real `serve` process: the drain.
 
 - With a hundred streams open, every stream ends with exactly one terminal event —
   `response.completed` for those that finish within `drain_timeout`, `error`
@@ -41,7 +41,7 @@ from tests.wellformed import assert_well_formed
 
 STREAMS = scaled(100, 100)
 DRAIN = 2.0  # --drain-timeout
-GRACE = 2.0  # the exit comes within drain_timeout + 2 s (issue 12)
+GRACE = 2.0  # the exit comes within drain_timeout + 2 s (runner.EXIT_MARGIN)
 #: 10 ms per token: a 60-token answer ends within the drain period, a 3,000-token one does not.
 SIM = SimulatorConfig(first_token_seconds=0.05, token_seconds=0.01, record_limit=5000)
 
@@ -110,7 +110,7 @@ def test_sigterm_drains_a_hundred_open_streams(sim: SimThread, tmp_path: Path) -
     assert log_problems(proxy.log_text()) == []
 
 
-# -- the drain, step by step (issue 12, item 4) ---------------------------------------------------
+# -- the drain, step by step -----------------------------------------------------------------------
 
 ANSWER = (
     "<|channel|>analysis<|message|>The user greets me. Answer politely and briefly.<|end|>"
@@ -231,7 +231,7 @@ def test_sigterm_drain_answers_every_request_and_exits_in_time(
         assert answer.json()["error"]["code"] == "server_shutting_down"
         assert drain - 0.3 <= ended - signalled <= drain + 1.0
     assert drain - 0.3 <= long_ended - signalled <= drain + 1.0
-    # pass-through at the drain's end (issue 12): a waiter gets the JSON 503, a stream is cut
+    # pass-through at the drain's end: a waiter gets the JSON 503, a stream is cut
     # where its client sees it — never left for uvicorn to cancel ("Cancel N running task(s)")
     (outcome, cut_at, received), (stalled, stall_ended) = during["passthrough"]
     assert outcome != "complete", outcome

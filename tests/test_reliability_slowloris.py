@@ -1,4 +1,4 @@
-"""Slow clients cannot lock real ones out (issue 12, item 2): many connections sending a head a
+"""Slow clients cannot lock real ones out: many connections sending a head a
 byte at a time, in-process (below the connection cap: real clients are served throughout) and
 against a real `python -m proxy serve` process (over its cap: each newcomer is served at once,
 the oldest slow connection closed for it with a 503, and the rest are gone after

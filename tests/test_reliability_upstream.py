@@ -1,4 +1,4 @@
-"""Upstream faults end cleanly (issue 12, item 5), on real sockets with a scripted upstream.
+"""Upstream faults end cleanly, on real sockets with a scripted upstream.
 
 - The idle and first-token timeouts count from the last *token*: empty frames and usage-only
   frames for ever end the stream with `upstream_timeout`.
@@ -205,7 +205,8 @@ def test_an_error_body_that_never_ends_is_answered_within_the_bound(
     expected: int,
     said: str,
 ) -> None:
-    """Issue 12: answered after 7 s (both stream timeouts), quoting a lone `{`."""
+    """An error body that never ends: answered after 7 s (both stream timeouts), quoting a
+    lone `{`."""
     double, proxy = patient_proxy
     double.queue = [[("start", status, JSON_HEAD), ("raw", b"{"), ("sleep", 10)]]
     before = counts(proxy)
@@ -492,7 +493,7 @@ def test_a_pass_through_body_over_the_limit_is_413_and_upstream_released(
 
 
 def test_upstream_error_kinds_are_exported_at_zero_from_the_start() -> None:
-    """`rate()` and alerts see the first failure of each kind (issue 12)."""
+    """`rate()` and alerts see the first failure of each kind."""
     registry = CollectorRegistry()
     Metrics(registry)
     text = generate_latest(registry).decode()

@@ -1,4 +1,4 @@
-"""The render seam (issue 12, item 1): worker processes give the same `PreparedRequest` as
+"""The render seam: worker processes give the same `PreparedRequest` as
 `prepare_request` on the loop, cheap bodies stay inline, and a render that runs too long, a full
 queue, a dead worker or a cancelled caller each end in a clear answer with the pool still serving.
 """
@@ -34,7 +34,7 @@ from tests.conftest import FIXTURES
 from tests.reliability import TOOLS
 
 MODEL = "openai/gpt-oss-120b"
-#: A render that takes minutes in openai-harmony's quadratic BPE (issue 12).
+#: A render that takes minutes in openai-harmony's quadratic BPE.
 HOSTILE = {"model": MODEL, "input": "a" * 200_000}
 
 
@@ -366,7 +366,7 @@ def test_the_worker_loop_in_process(encoding: HarmonyEncoding) -> None:
 
 def test_workers_render_with_the_pools_options(encoding: HarmonyEncoding) -> None:
     """The keys and the context limit reach the workers (their first frame), so a sealed
-    reasoning item and an over-long prompt are answered as inline (issue 14 through issue 12)."""
+    reasoning item and an over-long prompt are answered as inline."""
     from proxy.harmony.reasoning_seal import ReasoningKeys
 
     keys = ReasoningKeys.generate("k1")

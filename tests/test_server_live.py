@@ -392,7 +392,7 @@ def test_upstream_metrics_under_its_own_path(proxy: LiveServer, double: Upstream
 
 def test_health_endpoints(proxy: LiveServer, double: UpstreamDouble) -> None:
     assert httpx.get(proxy.url + "/healthz").json() == {"status": "ok"}
-    # ready once the render worker has loaded the encoding (rendering/pool.py, issue 12)
+    # ready once the render worker has loaded the encoding (rendering/pool.py)
     assert wait_for(lambda: httpx.get(proxy.url + "/readyz").status_code == 200, 30)
     ready = httpx.get(proxy.url + "/readyz")
     assert ready.json()["token_ids"] is True

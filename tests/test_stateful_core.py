@@ -1,4 +1,4 @@
-"""The sans-IO half of the stateful API (issue 13): histories as bodies, stored records, replay,
+"""The sans-IO half of the stateful API: histories as bodies, stored records, replay,
 the core's cancel — plain data in, plain data out."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The stateful Responses API end to end (issue 13): the `openai` SDK (strict) against the proxy
+"""The stateful Responses API end to end: the `openai` SDK (strict) against the proxy
 on real sockets, in front of the simulator, on the memory store. The same calls run on the
 embedded store and on Redis with real `serve` processes in test_stateful_serve.py."""
 

@@ -1,4 +1,4 @@
-"""The stateful API on real `serve` processes (issue 13, "done when"): every call through the
+"""The stateful API on real `serve` processes: every call through the
 `openai` SDK, on the embedded store (a restart loses nothing; two processes on one host share
 it) and on a real Redis with two proxy processes — create on one, continue, resume and cancel on
 the other. Each `serve` runs its built-in simulator as upstream."""

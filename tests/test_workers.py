@@ -1,4 +1,4 @@
-"""Worker processes (issue 17, item 1) on real `serve --workers 2` processes: both workers
+"""Worker processes on real `serve --workers 2` processes: both workers
 serve the port, `/metrics` (main port and `metrics_port`) sums every worker, SIGTERM drains
 every worker with a terminal event on every stream, a killed worker is replaced and counted
 (and what it held leaves the gauges), the built-in simulator runs once, and settings that
@@ -43,7 +43,7 @@ from tests.workers_support import Workers, pinned, start_workers
 #: 5 ms per token: a 40-token answer ends within the drain, a 3,000-token one does not.
 SIM = SimulatorConfig(first_token_seconds=0.02, token_seconds=0.005, record_limit=5000)
 DRAIN = 2.0
-GRACE = 2.0  # exit within drain_timeout + 2 s, as one process (issue 12)
+GRACE = 2.0  # exit within drain_timeout + 2 s, as one process (runner.EXIT_MARGIN)
 
 
 @pytest.fixture
@@ -350,7 +350,8 @@ def test_workers_refuse_the_memory_store() -> None:
 
 @pytest.mark.slow
 def test_a_thousand_streams_across_two_workers(workers: Workers, encoding: HarmonyEncoding) -> None:
-    """Issue 17's load test: all complete and correct, and the metrics add up."""
+    """1,000 streams across two workers (200 in the suite's short scale): all complete and
+    correct, and the metrics add up."""
     streams = scaled(200, 1000)
     results = asyncio.run(_streams(workers.url, streams, lambda n: "100"))
     tokens, per_worker = _all_correct(workers, encoding, results, 100)

@@ -1,4 +1,4 @@
-"""The parts of the worker processes (issue 17) that need no process of their own: the CPU count
+"""The parts of the worker processes that need no process of their own: the CPU count
 behind `workers = auto` (affinity and cgroup quotas, on built trees), the setting, the metrics
 directory, the worker spec and socket, the log field, and the embedded store's wake-ups across
 connections (what a live resume through another worker relies on)."""
@@ -310,7 +310,7 @@ def _frame_histogram(values: list[float]) -> dict[str, float]:
 
 
 def test_batched_histograms_reach_the_files_and_sum_over_workers(tmp_path: Path) -> None:
-    """Issue 17: the frame histograms are added in batches (metrics_batch.HistogramBatch) straight
+    """The frame histograms are added in batches (metrics_batch.HistogramBatch) straight
     to the histogram's values, which in a worker are memory-mapped files; a scrape sums every
     process's files into what one process observing everything would export."""
     import os

@@ -1,4 +1,4 @@
-"""Shared by the worker-process tests (issue 17): a `serve --workers N` process with its JSON
+"""Shared by the worker-process tests: a `serve --workers N` process with its JSON
 log, which worker served a request (every worker's log line says `worker`), its `/metrics`
 parsed, and HTTP clients pinned to one worker.
 

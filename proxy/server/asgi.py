@@ -17,7 +17,7 @@ from proxy.errors import ClientError, ProxyError
 from proxy.server.deadline import Deadline
 
 REQUEST_ID = "x-request-id"
-#: A client's X-Request-Id is kept only as such a token (issue 12): it goes into our log lines,
+#: A client's X-Request-Id is kept only as such a token: it goes into our log lines,
 #: upstream's and back to the client, where junk could forge or break something.
 _SAFE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 SSE_HEADERS = [
@@ -45,8 +45,8 @@ def require_json(scope: Scope) -> None:
     """ClientError 415 unless the request says its body is UTF-8 JSON, or says nothing.
 
     trtllm-serve (FastAPI) parses a body as JSON only without a Content-Type or with a JSON one,
-    and rejects the rest; so does the proxy, with a message naming the type (issue 7: a
-    `text/plain` or form-encoded body used to be served as if it were JSON).
+    and rejects the rest; so does the proxy, with a message naming the type (a `text/plain`
+    or form-encoded body is never read as if it were JSON).
     """
     for name, value in scope["headers"]:
         if name != b"content-type":
@@ -83,7 +83,7 @@ class ResponseAborted(Exception):
     started — before the last chunk of a chunked body, or short of its Content-Length, so the
     client's HTTP parser reports the truncation — and logs "Exception in ASGI application".
     The app has logged and counted the failure already; `quiet_aborts` drops exactly that
-    second record (issue 12)."""
+    second record."""
 
 
 class _QuietAborts(logging.Filter):
@@ -113,7 +113,7 @@ def with_send_timeout(send: Send, seconds: float) -> Send:
     """
 
     # One lazily re-armed timer for every send of the response, not an `asyncio.timeout`
-    # per send (~14 µs each, one per upstream frame; issue 17).
+    # per send (~14 µs each, one per upstream frame).
     deadline = Deadline()
 
     async def timed(message: Message) -> None:

@@ -2,7 +2,7 @@
 
 `asyncio.timeout()` arms a timer handle when a wait begins and cancels it when the wait ends:
 ~14 µs per use on uvloop (bench/cold_cache.py), and a stream used two per upstream frame (the
-wait for the frame, the send of its events), ~1.4 µs per generated token (issue 17). Almost no
+wait for the frame, the send of its events), ~1.4 µs per generated token. Almost no
 such timer ever fires: frames come every few tens of milliseconds, deadlines are seconds away.
 
 `Deadline` keeps one timer handle per stream and re-arms it lazily. Entering a wait stores its

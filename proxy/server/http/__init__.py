@@ -1,2 +1,2 @@
-"""Client-facing HTTP: limits on what a client may send or hold, forwarding headers, the body
-budget (issue 12)."""
+"""Client-facing HTTP: limits on what a client may send or hold (guard.py, guard_protocol.py,
+closing.py, connections.py), forwarding headers (forwarding.py), the body budget (budget.py)."""

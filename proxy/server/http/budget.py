@@ -1,4 +1,4 @@
-"""A global budget for request bodies being read and rendered (issue 12, item 3).
+"""A global budget for request bodies being read and rendered.
 
 Each request's body read was bounded (`max_body_bytes`), but not all of them together: 100
 concurrent 15 MiB bodies took the proxy from 122 MB to 1.4 GB RSS, past the 1 GiB our manifests

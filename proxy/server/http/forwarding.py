@@ -1,4 +1,4 @@
-"""What upstream is told about the client (issue 12, item 6): forwarding headers set by us from
+"""What upstream is told about the client: forwarding headers set by us from
 the connection, never a client's passed on verbatim.
 
 trtllm-serve runs uvicorn, which believes `X-Forwarded-For`/`-Proto` from 127.0.0.1 — the

@@ -1,2 +1,2 @@
-"""Serving processes: uvicorn with the drain, the supervisor of worker processes, their metrics
-(issues 12, 17)."""
+"""Serving processes: uvicorn with the drain (runner.py), the supervisor of worker processes
+(supervisor.py, worker.py), their one /metrics (multiproc.py), the CPUs to use (cpus.py)."""

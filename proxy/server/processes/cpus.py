@@ -1,4 +1,4 @@
-"""How many CPUs this process may use: what `workers = auto` starts (issue 17).
+"""How many CPUs this process may use: what `workers = auto` starts.
 
 `os.cpu_count()` is the machine's count, not the container's. The count that matters is the
 smallest of:

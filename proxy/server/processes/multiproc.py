@@ -1,4 +1,4 @@
-"""One `/metrics` for every worker process: prometheus_client's multiprocess mode (issue 17).
+"""One `/metrics` for every worker process: prometheus_client's multiprocess mode.
 
 Each process (the supervisor and every worker) writes its values to memory-mapped files of its
 own in one directory, `PROMETHEUS_MULTIPROC_DIR`; a scrape, answered by any worker or by the

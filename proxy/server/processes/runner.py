@@ -3,7 +3,7 @@ built-in simulator as upstream when none is configured. With `workers` above 1 t
 (supervisor.py) runs the simulator and the metrics port, and each worker process (worker.py)
 runs `serve_proxy` on its own listening socket, with the drain below.
 
-Draining (issues 5 and 12), what Kubernetes can rely on. At the first SIGTERM/SIGINT:
+Draining, what Kubernetes can rely on. At the first SIGTERM/SIGINT:
 
 1. at once: `/healthz` and `/readyz` answer 503, `proxy_draining` is 1, and every new
    `POST /v1/responses` gets a JSON 503 `server_shutting_down` with `Retry-After` and
@@ -54,7 +54,7 @@ from proxy.server.http.guard import http_guard
 _END_GRACE = 0.5
 #: Seconds uvicorn then waits for what is left before cancelling it (timeout_graceful_shutdown).
 _UVICORN_GRACE = 1
-#: The process exits at most this many seconds after `drain_timeout` (issue 12; the deploy
+#: The process exits at most this many seconds after `drain_timeout` (the deploy
 #: files' preStop, probes and terminationGracePeriodSeconds are checked against it):
 #: `_END_GRACE` + `_UVICORN_GRACE` + two of uvicorn's 0.1 s ticks + the lifespan's end.
 EXIT_MARGIN = 2.0
@@ -133,7 +133,7 @@ def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     """The event loop `serve` runs on (`event_loop` setting); None: asyncio's default.
 
     uvloop does the proxy's socket I/O in C (libuv): on the latency benchmark it took ~0.12 ms
-    off each frame and ~0.5 ms off the time to `response.created` (BENCHMARKS.md, section 5).
+    off each frame and ~0.5 ms off the time to `response.created` (bench/latency.py).
     uvicorn picks it by itself only in `uvicorn.run`, which the drain logic does not use."""
     if choice == "asyncio":
         return None
@@ -238,7 +238,7 @@ async def serve_proxy(
     # A pass-through answer that upstream breaks after our head is aborted by raising
     # `ResponseAborted` (logged and counted by the app already): not an error for uvicorn.
     asgi.quiet_aborts()
-    # Client-side HTTP limits and forwarding (issue 12): guard.py, forwarding.py.
+    # Client-side HTTP limits and forwarding: http/guard.py, http/forwarding.py.
     guard = http_guard(settings, app.state.metrics, logger)
     config = uvicorn.Config(
         app,

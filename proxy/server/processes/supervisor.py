@@ -1,4 +1,4 @@
-"""The supervisor of `workers` > 1 (issue 17): N proxy processes on one port, one drain, one
+"""The supervisor of `workers` > 1: N proxy processes on one port, one drain, one
 `/metrics`, one simulator.
 
 Theory of operation. The supervisor is the process `serve` started; it serves no client itself.
@@ -134,8 +134,8 @@ class Supervisor:
     def _shared_key(self, settings: Settings) -> Settings:
         if settings.reasoning_keys:
             return settings
-        # Issue 14's warning, once for the proxy: a key per worker would make a blob sealed by
-        # one worker a 400 on the next request, which another worker may serve.
+        # One generated key (and its warning) for the whole proxy: a key per worker would make a
+        # blob sealed by one worker a 400 on the next request, which another worker may serve.
         self._log.warning(
             "reasoning key generated",
             extra={

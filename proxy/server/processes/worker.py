@@ -1,4 +1,4 @@
-"""One worker process of the supervisor (supervisor.py, issue 17): the whole proxy — its own
+"""One worker process of the supervisor (supervisor.py): the whole proxy — its own
 event loop, render workers, upstream client and store connection — on a listening socket of
 its own that shares the port with the other workers (SO_REUSEPORT).
 

@@ -1,2 +1,2 @@
-"""Rendering requests where they cannot hold the event loop: the pool and its worker processes
-(issue 12)."""
+"""Rendering requests where they cannot hold the event loop: the pool (pool.py) and its worker
+processes (worker.py)."""

@@ -1,4 +1,4 @@
-"""Where requests are validated and rendered: the `Renderer` seam (issue 12, item 1).
+"""Where requests are validated and rendered: the `Renderer` seam.
 
     await renderer.prepare(body) -> PreparedRequest      raises ClientError (4xx) / ProxyError
 
@@ -13,7 +13,7 @@ liveness probe. A thread does not help; a process does. `RenderPool`:
   (each input item or content part is one: openai-harmony spends ~150 µs on every message) and no
   run of non-whitespace bytes longer than `INLINE_MAX_RUN` (the BPE cost driver: one o200k
   pre-token never spans whitespace, and JSON escapes only make a run look longer). Worst body
-  under all three: ~1.5 ms (BENCHMARKS.md, section 6).
+  under all three: ~1.5 ms (bench/render_cost.py).
 - **workers**: everything else goes to one of `render_workers` processes
   (`rendering/worker.py`), started with the app (lifespan), each with its encoding and its own
   `PrefixCache`, restarted when one dies. At most `render_queue` requests wait for a free worker
@@ -49,7 +49,7 @@ from proxy.server.rendering.worker import RenderOptions
 if TYPE_CHECKING:
     from proxy.metrics import Metrics
 
-#: Fast-path bounds, measured with bench/render_cost.py (BENCHMARKS.md, section 6): the
+#: Fast-path bounds, measured with bench/render_cost.py: the
 #: costliest body within all three renders in ~1.5 ms; a worker round trip costs ~0.2-0.4 ms.
 INLINE_MAX_BYTES = 2048
 INLINE_MAX_OBJECTS = 6

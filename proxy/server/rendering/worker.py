@@ -1,4 +1,4 @@
-"""A render worker process: `python -m proxy.server.rendering.worker VOCAB_DIR` (issue 12, item 1).
+"""A render worker process: `python -m proxy.server.rendering.worker VOCAB_DIR`.
 
 Theory of operation. openai-harmony holds the GIL while it renders, and its BPE is quadratic in
 the length of one unbroken run of text (`"a" * 200_000` takes 12-29 s), so a render on the event
@@ -64,7 +64,7 @@ class RenderOptions:
     the parent sends it pickled as a worker's first frame, never on its command line, since
     the keys are secrets)."""
 
-    #: Open `encrypted_content` of input reasoning items (issue 14).
+    #: Open `encrypted_content` of input reasoning items.
     reasoning_keys: ReasoningKeys | None = None
     #: The model's context: prompt + `max_output_tokens` above it is a 400 or truncated.
     max_prompt_tokens: int | None = None

@@ -1,2 +1,4 @@
-"""The stateful half of the API: store context, recording, background runs, the stored-response and
-conversation routes (issues 13, 16)."""
+"""The stored half of the API in the shell: scope.py (who sees what), state.py (a request's context,
+leases, housekeeping), recording.py (a response's writes), follow.py (stored events replayed and
+followed), background.py (responses that run with no client). Their routes: routes/stored.py,
+routes/conversations.py."""

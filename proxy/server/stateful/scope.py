@@ -1,4 +1,4 @@
-"""Who may see what (issue 13): a stored response or conversation belongs to the credential
+"""Who may see what: a stored response or conversation belongs to the credential
 that created it, and the requests that need the store when it is off are refused, not served
 without it."""
 

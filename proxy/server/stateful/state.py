@@ -5,7 +5,7 @@ continues, and the store's housekeeping.
   `Authorization` bearer token, or of the `store_scope_header` value; no credential at all is
   one shared scope. Every read is by scope: another credential gets 404, never the data.
 - **Context**: `prepare(body, scope, render)` resolves `previous_response_id` (the chain's
-  input and output items), `conversation` (its items, issue 16) and `item_reference` input
+  input and output items), `conversation` (its items) and `item_reference` input
   items from the store, merges them into a body (`proxy.harmony.history.chain`) and renders that
   body through the one `render` seam every request takes. Malformed id → 400; a
   `previous_response_id` that is unknown, another credential's, or whose chain is no longer
