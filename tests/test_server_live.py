@@ -236,6 +236,12 @@ def test_non_streaming_failure_is_an_http_error(proxy: LiveServer, double: Upstr
     assert spec_errors(answer.json(), "ErrorResponse") == []
 
 
+def test_create_app_refuses_a_seam_it_does_not_have(encoding: HarmonyEncoding) -> None:
+    settings = Settings(upstream_url="http://127.0.0.1:9", render_workers=0)
+    with pytest.raises(TypeError, match="unknown seams: regsitry"):
+        create_app(settings, encoding, regsitry=None)
+
+
 def test_unreachable_upstream_is_502_and_not_ready(encoding: HarmonyEncoding) -> None:
     with LiveServer(create_app(Settings(upstream_url="http://127.0.0.1:9"), encoding)) as proxy:
         answer = post(proxy, {"model": MODEL, "input": "Hi", "stream": True})

@@ -110,6 +110,9 @@ def build_services(
     """Everything the app shares, from `settings` and the `seams` given (the rest default)."""
     if settings.upstream_url is None:
         raise ValueError("create_app needs settings.upstream_url (serve starts the simulator)")
+    unknown = set(seams) - Seams.__optional_keys__
+    if unknown:  # what a signature would refuse: a misspelt seam is never silently the default
+        raise TypeError(f"create_app got unknown seams: {', '.join(sorted(unknown))}")
     registry = seams.get("registry") or CollectorRegistry()
     metrics = Metrics(registry, models=settings.metrics_models, harmony_version=_harmony_version())
     logger = seams.get("logger") or get_logger()

@@ -13,11 +13,11 @@ Draining, what Kubernetes can rely on. At the first SIGTERM/SIGINT:
    the signal) or until `drain_timeout`, whichever comes first;
 3. at `drain_timeout`, open streams end with `error` + `response.failed` (`server_shutting_down`)
    and requests still rendering or waiting for upstream's head get a JSON 503 (`until_drained` in
-   repair.py); up to `_END_GRACE` seconds are given for those last bytes;
+   deps.py); up to `_END_GRACE` seconds are given for those last bytes;
 4. then uvicorn closes the listener and the idle connections, waits at most
    `_UVICORN_GRACE` for anything left (only a client that stopped reading could be: a
-   pass-through ends at the drain timeout too, `passthrough.forward`), and the lifespan ends
-   the render workers and the upstream client.
+   pass-through ends at the drain timeout too, `relay.forward`), and the lifespan ends the
+   render workers, the store and the upstream client (lifespan.py).
 
 So the process exits at most `drain_timeout` + `EXIT_MARGIN` (2 s) after the signal, with nothing
 cancelled by uvicorn in the normal case (it used to log "Cancel N running task(s)" and answer
