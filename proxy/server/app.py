@@ -25,7 +25,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import httpx
 from openai_harmony import HarmonyEncoding
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
@@ -36,7 +35,7 @@ from starlette.routing import Mount, Route
 from starlette.types import Receive, Scope, Send
 
 from proxy.config import Settings
-from proxy.errors import ClientError, ProxyError, UnavailableError
+from proxy.errors import ClientError, ProxyError, UnavailableError, UpstreamError
 from proxy.harmony.reasoning_seal import ReasoningKeys
 from proxy.harmony.request.prefix import PrefixCache
 from proxy.harmony.request.prepare import parse_body
@@ -57,6 +56,7 @@ from proxy.server.stateful.background import Background
 from proxy.server.stateful.state import Stateful
 from proxy.store import OFF, Store, StoreError, open_store
 from proxy.upstream.client import Upstream
+from proxy.upstream.transport import Transport
 
 
 def _harmony_version() -> str:
@@ -81,7 +81,7 @@ def create_app(
     settings: Settings,
     encoding: HarmonyEncoding,
     *,
-    transport: httpx.AsyncBaseTransport | None = None,
+    transport: Transport | None = None,
     registry: CollectorRegistry | None = None,
     ids: IdFactory = random_id,
     clock: Callable[[], float] = time.time,
@@ -325,8 +325,8 @@ def create_app(
                 reachable = answer == 200
                 if not reachable:
                     detail = f"upstream /health answered {answer}"
-            except httpx.HTTPError as exc:
-                detail = f"upstream /health unreachable: {type(exc).__name__}"
+            except UpstreamError as exc:
+                detail = exc.message
         rendering = renderer.ready()
         if not rendering and reachable:
             detail = "no render worker is ready yet"
