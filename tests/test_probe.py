@@ -271,9 +271,9 @@ def test_the_probe_and_health_share_the_one_client_and_its_pool(encoding: Harmon
     ("handle", "down", "said"),
     [
         (lambda request: reply(503), False, None),
-        (lambda request: _reset(), False, "upstream /health unreachable: ReadError"),
-        (lambda request: reply(200), True, "upstream /health unreachable: ConnectError"),
-        (lambda request: b"HTTP/1.1 200 OK\r\n", False, "did not answer within 0.2 s"),
+        (lambda request: _reset(), False, "cannot reach upstream http://upstream: ReadError"),
+        (lambda request: reply(200), True, "cannot reach upstream http://upstream: ConnectError"),
+        (lambda request: b"HTTP/1.1 200 OK\r\n", False, "upstream did not answer within 0.2 s"),
     ],
     ids=["503", "reset", "refused", "silent"],
 )

@@ -326,7 +326,7 @@ def create_app(
                 if not reachable:
                     detail = f"upstream /health answered {answer}"
             except UpstreamError as exc:
-                detail = exc.message
+                detail = f"upstream /health: {exc.message}"
         rendering = renderer.ready()
         if not rendering and reachable:
             detail = "no render worker is ready yet"

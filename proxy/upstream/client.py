@@ -22,7 +22,7 @@ import orjson
 from proxy.errors import ClientError, UpstreamError
 from proxy.upstream.completions import describe_error_body, error_message
 from proxy.upstream.frames import Frames
-from proxy.upstream.probe import Capability, Decode, fetch, probe
+from proxy.upstream.probe import Capability, Decode, probe
 from proxy.upstream.stream import (
     ConnectTimeout,
     MalformedResponseError,
@@ -191,19 +191,9 @@ class Upstream:
     async def get_health(self) -> int:
         """Upstream's `GET /health` status (200 while its engine is up); `UpstreamError`, its
         message saying why, when upstream cannot be asked."""
-        try:
-            async with asyncio.timeout(HEALTH_SECONDS):
-                return (await fetch(self._streams, "GET", "/health")).status
-        except TimeoutError:
-            raise UpstreamError(
-                f"upstream /health did not answer within {HEALTH_SECONDS:g} s",
-                status=504,
-                code="upstream_timeout",
-            ) from None
-        except StreamError as exc:
-            raise UpstreamError(
-                f"upstream /health unreachable: {type(exc).__name__}", code="upstream_unreachable"
-            ) from exc
+        response = await self._send("GET", "/health", [], b"", None, HEALTH_SECONDS)
+        response.close()  # its body, if any, says nothing more
+        return response.status
 
     async def probe(self, model: str | None = None, *, decode: Decode | None = None) -> Capability:
         """What upstream's /v1/completions can do for us (probe.py): token ids, token logprobs,
