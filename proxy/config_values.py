@@ -1,11 +1,51 @@
-"""The value types of settings (config.py's `FIELDS`): each parses one raw string and raises
-`ValueError` with a short reason, which config.py turns into an error naming the setting."""
+"""How a setting is declared (`setting()`, a field of config.py's `Settings`), and the value types
+of settings: each parser takes one raw string and raises `ValueError` with a short reason, which
+config.py turns into an error naming the setting, its source and the value."""
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """What a setting's field carries besides its type and default."""
+
+    parse: Callable[[str], Any]
+    help: str
+    aliases: tuple[str, ...] = ()
+    #: Its value never appears in an error message or a repr (keys).
+    secret: bool = False
+    #: A value shown in the example file: for a setting unset by default, in place of the
+    #: default; else as an alternative to it.
+    example: Any = None
+    #: Words for the example file only, after the help.
+    note: str = ""
+
+
+def setting(
+    default: _T,
+    parse: Callable[[str], _T],
+    help: str,
+    *,
+    aliases: tuple[str, ...] = (),
+    secret: bool = False,
+    example: Any = None,
+    note: str = "",
+) -> _T:
+    """Declare a field of `Settings` (typed as its default, as `dataclasses.field` is)."""
+    spec = Spec(parse, help, aliases, secret, example, note)
+    return dataclasses.field(default=default, repr=not secret, metadata={"spec": spec})
+
+
+# -- value types -------------------------------------------------------------------------------
 
 
 def url(value: str) -> str:

@@ -1,4 +1,4 @@
-"""Parsing upstream /v1/completions frames (trtllm-serve.md §2)."""
+"""Parsing upstream /v1/completions frames (`detokenize: false`: token ids, finish, usage)."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def test_error_message_of_upstream_bodies() -> None:
 
 
 def test_error_bodies_without_a_message_are_described_not_quoted() -> None:
-    """Issue 12: a 400 quoted a lone `{`; junk is described, never echoed."""
+    """A 400 once quoted a lone `{`; junk is described, never echoed."""
     assert describe_error_body(b"", "") == "an empty body"
     assert describe_error_body(b"<html>502</html>", "text/html; charset=utf-8") == (
         "an error body that is not JSON (16 bytes of text/html; not quoted)"

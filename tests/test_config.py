@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,9 @@ from proxy.config import (
     FIELDS,
     ConfigError,
     Settings,
-    check_consistent,
+    _parse,
+    _toml,
+    example_toml,
     load_settings,
     parse_flags,
     settings_table,
@@ -67,14 +70,33 @@ def test_bad_flag_and_unknown_file_key(tmp_path: Path) -> None:
         load_settings({"PROXY_CONFIG": str(config)})
 
 
-def test_fields_match_settings() -> None:
-    check_consistent()
+def test_every_default_is_a_value_its_parser_gives() -> None:
+    # A default written as a setting's raw text (as the example file shows it) parses back to
+    # itself: the default, the parser and the documented value cannot drift apart.
+    for field in FIELDS:
+        if field.default is None or field.default == ():
+            continue
+        raw = tomllib.loads(f"value = {_toml(field.default)}")["value"]
+        assert _parse(field, raw, field.name) == field.default, field.name
+
+
+def test_a_secret_is_never_shown() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings({"PROXY_REASONING_KEYS": "k1:c2VjcmV0LXZhbHVl"})
+    assert "c2VjcmV0LXZhbHVl" not in str(caught.value)
+    assert "PROXY_REASONING_KEYS=<secret>" in str(caught.value)
+    assert "reasoning_keys" not in repr(Settings())
 
 
 def test_readme_table_and_example_config_list_every_setting() -> None:
     readme = (ROOT / "README.md").read_text()
     assert settings_table() in readme, "README settings table is stale: paste settings_table()"
     example = (ROOT / "config" / "proxy.example.toml").read_text()
+    assert example == example_toml(), (
+        "config/proxy.example.toml is stale: regenerate it with .venv/bin/python -c "
+        "'from proxy.config import example_toml; print(example_toml(), end=\"\")' "
+        "> config/proxy.example.toml"
+    )
     for field in FIELDS:
         assert re.search(rf"^# ?{field.name} = ", example, re.M), f"{field.name} not in example"
     assert (

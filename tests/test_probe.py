@@ -1,6 +1,7 @@
 """The capability probe's reading of upstream's answers (proxy/upstream/probe.py), through the
-httpx transport `Upstream` takes as a seam: each answer to the guided probe — the constant,
-free text, a refusal, a broken connection, garbage — and what the proxy concludes from it."""
+transport seam of the lean client `Upstream` reaches upstream with (tests/upstream_memory.py):
+each answer to the guided probe — the constant, free text, a refusal, a broken connection,
+garbage — and what the proxy concludes from it; `/health` on the same client."""
 
 from __future__ import annotations
 
@@ -8,36 +9,35 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 import pytest
 from openai_harmony import HarmonyEncoding
 
+from proxy.errors import UpstreamError
 from proxy.server.capability import decoder
 from proxy.upstream.client import Upstream
-from proxy.upstream.probe import GUIDED, GUIDED_PROBE_TEXT, Capability
+from proxy.upstream.probe import ANSWER_LIMIT, GUIDED, GUIDED_PROBE_TEXT, Capability
+from tests.upstream_memory import MemoryTransport, Request, reply
 
 MODEL = "openai/gpt-oss-120b"
 
 
-def _probe(encoding: HarmonyEncoding, guided: Callable[[httpx.Request], httpx.Response]) -> Any:
+def _probe(encoding: HarmonyEncoding, guided: Callable[[Request], bytes]) -> Any:
     """Probe an upstream that answers the probe's first two requests as a capable server and
     the guided one (the request with `response_format`) with `guided`."""
 
-    def handle(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/v1/models":
-            return httpx.Response(200, json={"data": [{"id": MODEL}]})
-        body = request.read()
-        if b"response_format" in body:
+    def handle(request: Request) -> bytes:
+        if request.path == "/v1/models":
+            return reply(200, json={"data": [{"id": MODEL}]})
+        if b"response_format" in request.body:
             return guided(request)
         choice: dict[str, Any] = {"token_ids": [200005], "finish_reason": "length"}
-        if b'"logprobs"' in body:
+        if b'"logprobs"' in request.body:
             choice["logprobs"] = {"token_logprobs": [-0.5], "tokens": ["x"], "top_logprobs": None}
-        return httpx.Response(200, json={"choices": [choice]})
+        return reply(200, json={"choices": [choice]})
 
     async def run() -> Capability:
-        upstream = Upstream(
-            "http://upstream", connect_timeout=1.0, transport=httpx.MockTransport(handle)
-        )
+        transport = MemoryTransport(handle)
+        upstream = Upstream("http://upstream", connect_timeout=1.0, transport=transport)
         try:
             return await upstream.probe(decode=decoder(encoding))
         finally:
@@ -46,13 +46,13 @@ def _probe(encoding: HarmonyEncoding, guided: Callable[[httpx.Request], httpx.Re
     return asyncio.run(run())
 
 
-def _ids(encoding: HarmonyEncoding, text: str) -> httpx.Response:
+def _ids(encoding: HarmonyEncoding, text: str) -> bytes:
     ids = encoding.encode(text, allowed_special="all")
-    return httpx.Response(200, json={"choices": [{"token_ids": ids, "finish_reason": "stop"}]})
+    return reply(200, json={"choices": [{"token_ids": ids, "finish_reason": "stop"}]})
 
 
-def _cut(encoding: HarmonyEncoding) -> httpx.Response:
-    raise httpx.ReadError("connection reset")
+def _cut(encoding: HarmonyEncoding) -> bytes:
+    raise ConnectionResetError(104, "Connection reset by peer")
 
 
 @pytest.mark.parametrize(
@@ -63,26 +63,32 @@ def _cut(encoding: HarmonyEncoding) -> httpx.Response:
         (lambda e: _ids(e, "<|channel|>analysis<|message|>Hi"), False, True, "ignored"),
         (lambda e: _ids(e, "zebra"), False, True, "ignored"),  # cut short of the constant
         (
-            lambda e: httpx.Response(400, json={"message": "response_format not supported"}),
+            lambda e: reply(400, json={"message": "response_format not supported"}),
             False,
             False,
             "refused: response_format not supported",
         ),
-        (lambda e: httpx.Response(500, text="boom"), False, False, "refused: HTTP 500"),
+        (lambda e: reply(500, text="boom"), False, False, "refused: HTTP 500"),
         (_cut, None, True, "unknown: the probe failed (ReadError)"),
-        (lambda e: httpx.Response(200, text="not json"), False, True, "ignored"),
-        (lambda e: httpx.Response(200, json={"choices": []}), False, True, "ignored"),
+        (lambda e: reply(200, text="not json"), False, True, "ignored"),
+        (lambda e: reply(200, json={"choices": []}), False, True, "ignored"),
         (
-            lambda e: httpx.Response(200, json={"choices": [{"token_ids": [2**40]}]}),
+            lambda e: reply(200, json={"choices": [{"token_ids": [2**40]}]}),
             False,
             True,
             "ignored",
         ),
         (
-            lambda e: httpx.Response(200, json={"choices": [{"token_ids": "zebra"}]}),
+            lambda e: reply(200, json={"choices": [{"token_ids": "zebra"}]}),
             False,
             True,
             "ignored",
+        ),
+        (
+            lambda e: reply(200, text="x" * (ANSWER_LIMIT + 1)),
+            None,
+            True,
+            "unknown: the probe failed (RemoteProtocolError)",
         ),
     ],
     ids=[
@@ -97,6 +103,7 @@ def _cut(encoding: HarmonyEncoding) -> httpx.Response:
         "no_choice",
         "bad_id",
         "ids_not_a_list",
+        "too_long",
     ],
 )
 def test_the_guided_probe_reads_every_answer(
@@ -115,61 +122,62 @@ def test_the_guided_probe_reads_every_answer(
 
 
 def _upstream_answering(
-    models: Callable[[], httpx.Response],
-    plain: Callable[[], httpx.Response],
-    logprobs: Callable[[], httpx.Response],
-) -> httpx.MockTransport:
-    def handle(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/v1/models":
+    models: Callable[[], bytes], plain: Callable[[], bytes], logprobs: Callable[[], bytes]
+) -> MemoryTransport:
+    def handle(request: Request) -> bytes:
+        if request.path == "/v1/models":
             return models()
-        body = request.read()
-        if b"response_format" in body:
-            return httpx.Response(500)
-        return logprobs() if b'"logprobs"' in body else plain()
+        if b"response_format" in request.body:
+            return reply(500)
+        return logprobs() if b'"logprobs"' in request.body else plain()
 
-    return httpx.MockTransport(handle)
-
-
-def _ok(**choice: Any) -> Callable[[], httpx.Response]:
-    return lambda: httpx.Response(200, json={"choices": [{"token_ids": [200005], **choice}]})
+    return MemoryTransport(handle, down=models is _refused)
 
 
-def _models() -> httpx.Response:
-    return httpx.Response(200, json={"data": [{"id": MODEL}]})
+def _ok(**choice: Any) -> Callable[[], bytes]:
+    return lambda: reply(200, json={"choices": [{"token_ids": [200005], **choice}]})
 
 
-def _raise() -> httpx.Response:
-    raise httpx.ConnectError("refused")
+def _models() -> bytes:
+    return reply(200, json={"data": [{"id": MODEL}]})
+
+
+def _refused() -> bytes:
+    raise AssertionError("a transport that is down is never asked")
+
+
+def _reset() -> bytes:
+    raise ConnectionResetError(104, "Connection reset by peer")
 
 
 @pytest.mark.parametrize(
     ("models", "plain", "logprobs", "expected"),
     [
-        (_raise, _ok(), _ok(), (False, False, False, "not reachable: ConnectError")),
-        (_models, _raise, _ok(), (False, False, False, "not reachable: ConnectError")),
+        (_refused, _ok(), _ok(), (False, False, False, "not reachable: ConnectError")),
+        (_models, _reset, _ok(), (False, False, False, "not reachable: ReadError")),
         (
             _models,
-            lambda: httpx.Response(404, json={"message": "no such route"}),
+            lambda: reply(404, json={"message": "no such route"}),
             _ok(),
             (True, False, False, "answered 404: no such route"),
         ),
         (
             _models,
-            lambda: httpx.Response(200, json={}),
+            lambda: reply(200, json={}),
             _ok(),
             (True, False, False, "answered no choices"),
         ),
         (
             _models,
-            lambda: httpx.Response(200, json={"choices": [{"text": "x"}]}),
+            lambda: reply(200, json={"choices": [{"text": "x"}]}),
             _ok(),
             (True, False, False, "too old to repair"),
         ),
-        (_models, _ok(), _raise, (True, True, False, "token logprobs unknown")),
+        (_models, _ok(), _reset, (True, True, False, "token logprobs unknown")),
         (
             _models,
             _ok(),
-            lambda: httpx.Response(400, json={"message": "logprobs off"}),
+            lambda: reply(400, json={"message": "logprobs off"}),
             (True, True, False, "with logprobs: logprobs off"),
         ),
         (_models, _ok(), _ok(), (True, True, False, "gives none")),
@@ -194,9 +202,9 @@ def _raise() -> httpx.Response:
 )
 def test_the_probe_reads_every_earlier_answer(
     encoding: HarmonyEncoding,
-    models: Callable[[], httpx.Response],
-    plain: Callable[[], httpx.Response],
-    logprobs: Callable[[], httpx.Response],
+    models: Callable[[], bytes],
+    plain: Callable[[], bytes],
+    logprobs: Callable[[], bytes],
     expected: tuple[bool, bool, bool, str],
 ) -> None:
     async def run() -> Capability:
@@ -217,3 +225,75 @@ def test_the_probe_reads_every_earlier_answer(
     assert said in found.detail
     # the guided step runs only once token ids are known; here it is answered 500
     assert found.guided is (False if token_ids else None)
+
+
+def test_the_probe_and_health_share_the_one_client_and_its_pool(encoding: HarmonyEncoding) -> None:
+    def handle(request: Request) -> bytes:
+        if request.path == "/base/health":
+            return reply(200)
+        if request.path == "/base/v1/models":
+            return reply(200, json={"data": [{"id": MODEL}]})
+        return reply(200, json={"choices": [{"token_ids": [200005], "finish_reason": "length"}]})
+
+    async def run() -> tuple[int, Capability]:
+        upstream = Upstream("http://upstream:8000/base", connect_timeout=1.0, transport=transport)
+        try:
+            return await upstream.get_health(), await upstream.probe(decode=decoder(encoding))
+        finally:
+            await upstream.aclose()
+
+    transport = MemoryTransport(handle)
+    health, found = asyncio.run(run())
+    assert health == 200
+    assert found.token_ids
+    assert transport.connections == 1  # every request on one kept-alive connection
+    health_request, models, plain, with_logprobs, guided = transport.requests
+    assert (health_request.method, health_request.path) == ("GET", "/base/health")
+    assert health_request.body == b""
+    assert (models.method, models.path) == ("GET", "/base/v1/models")
+    for request in (plain, with_logprobs, guided):
+        assert (request.method, request.path) == ("POST", "/base/v1/completions")
+        assert request.headers["content-type"] == "application/json"
+        assert request.headers["accept-encoding"] == "identity"  # a coding we cannot undo
+        assert request.headers["host"] == "upstream:8000"
+    assert plain.json() == {
+        "model": MODEL,
+        "prompt": [200006, 1428, 200008, 13225, 200007, 200006, 173781],
+        "max_tokens": 1,
+        "detokenize": False,
+        "stream": False,
+    }
+    assert with_logprobs.json() == {**plain.json(), "logprobs": 1}
+    assert guided.json()["response_format"]["type"] == "structural_tag"
+
+
+@pytest.mark.parametrize(
+    ("handle", "down", "said"),
+    [
+        (lambda request: reply(503), False, None),
+        (lambda request: _reset(), False, "cannot reach upstream http://upstream: ReadError"),
+        (lambda request: reply(200), True, "cannot reach upstream http://upstream: ConnectError"),
+        (lambda request: b"HTTP/1.1 200 OK\r\n", False, "upstream did not answer within 0.2 s"),
+    ],
+    ids=["503", "reset", "refused", "silent"],
+)
+def test_health_answers_a_status_or_an_upstream_error(
+    monkeypatch: pytest.MonkeyPatch, handle: Any, down: bool, said: str | None
+) -> None:
+    monkeypatch.setattr("proxy.upstream.client.HEALTH_SECONDS", 0.2)
+
+    async def run() -> int:
+        transport = MemoryTransport(handle, down=down)
+        upstream = Upstream("http://upstream", connect_timeout=1.0, transport=transport)
+        try:
+            return await upstream.get_health()
+        finally:
+            await upstream.aclose()
+
+    if said is None:
+        assert asyncio.run(run()) == 503
+        return
+    with pytest.raises(UpstreamError) as caught:
+        asyncio.run(run())
+    assert said in caught.value.message
+    assert caught.value.status == (504 if "within" in said else 502)

@@ -12,8 +12,10 @@ from openai_harmony import HarmonyEncoding
 
 from proxy.harmony.tokens import CALL, RETURN
 from proxy.simulator import SimulatorConfig
+from proxy.simulator.completion_request import CompletionRequest, StreamOptions
 from proxy.upstream.completions import parse_frame
 from tests.simulator_helpers import FAST, SimThread
+from tests.test_request_golden import COMPLETION_REQUEST_FIELDS, STREAM_OPTIONS_FIELDS
 
 PROBE = [200006, 1428, 200008, 13225, 200007, 200006, 173781]
 STOPS = [RETURN, CALL]
@@ -211,6 +213,11 @@ def _validation_errors(answer: Any) -> list[dict[str, Any]]:
     return errors
 
 
+def test_the_model_declares_upstreams_fields() -> None:
+    assert set(CompletionRequest.model_fields) == COMPLETION_REQUEST_FIELDS
+    assert set(StreamOptions.model_fields) == STREAM_OPTIONS_FIELDS
+
+
 def test_unknown_fields_are_rejected_like_upstream(sim: SimThread) -> None:
     answer = sim.http.post("/v1/completions", json=_body(seed_value=1, token_budget=2))
     assert _validation_errors(answer) == [
@@ -242,7 +249,9 @@ def test_unknown_fields_are_rejected_like_upstream(sim: SimThread) -> None:
         ("model", 5, "string_type"),
         ("stop_token_ids", "200002", "list_type"),
         ("truncate_prompt_tokens", 0, "greater_than_equal"),
-        ("stream_options", 3, "model_type"),
+        # FastAPI validates with `from_attributes=True`: a model given a non-object says so
+        # in this type, nested or not.
+        ("stream_options", 3, "model_attributes_type"),
     ],
 )
 def test_field_types_are_validated_like_upstream(
@@ -274,6 +283,15 @@ def test_prompt_union_and_missing_fields(sim: SimThread) -> None:
     assert errors[0]["type"] == "missing"
     errors = _validation_errors(sim.http.post("/v1/completions", content=b"{not json"))
     assert errors[0]["type"] == "json_invalid"
+    errors = _validation_errors(sim.http.post("/v1/completions", json=[1, 2]))
+    assert errors == [
+        {
+            "type": "model_attributes_type",
+            "loc": ("body",),
+            "msg": "Input should be a valid dictionary or object to extract fields from",
+            "input": [1, 2],
+        }
+    ]
 
 
 def test_model_validators_and_handler_errors(sim: SimThread) -> None:
@@ -288,6 +306,17 @@ def test_model_validators_and_handler_errors(sim: SimThread) -> None:
     assert answer.json()["error"].startswith(
         f"[{{'type': 'value_error', 'loc': ('body',), 'msg': '{message}'"
     )
+    # Both model validators would fail: pydantic runs the last-defined (suffix) first.
+    answer = sim.http.post(
+        "/v1/completions",
+        json=_body(stream=False, stream_options={"include_usage": True}, suffix="x", seed="y"),
+    )
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert error.startswith(
+        "[{'type': 'value_error', 'loc': ('body',), 'msg': 'Value error, suffix"
+    )
+    assert error.count("'type'") == 1  # nothing else is validated after it
     answer = sim.http.post("/v1/completions", json=_body(prompt=[]))
     assert answer.status_code == 400
     assert answer.json() == {

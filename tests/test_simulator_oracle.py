@@ -92,7 +92,7 @@ def test_responses_stream_is_upstreams(sim: SimThread, transcript: dict[str, Any
             if key in theirs:
                 assert _item_view(ours[key]) == _item_view(theirs[key])
     # Byte for byte, ids and clock being the recordings', but for the fields where the response
-    # object follows OpenAI's spec instead of upstream (issue 14, tests/spec_departures.py).
+    # object follows OpenAI's spec instead of upstream (tests/spec_departures.py).
     assert [_compact(normalised(json.loads(d))) for d in streamed.data] == [
         _compact(normalised(json.loads(d))) for d in expected
     ]
@@ -150,7 +150,8 @@ def test_nonstream_answer_is_upstreams(sim: SimThread, transcript: dict[str, Any
     assert answer.status_code == recorded["http_status"]
     assert answer.headers["content-type"] == recorded["headers"]["content-type"]
     assert answer.json()["output"] == recorded["body"]["output"]
-    # Equal but for issue 14's fields (tests/spec_departures.py), and serialised as upstream does.
+    # Equal but for the fields where the response follows OpenAI's spec instead of upstream
+    # (tests/spec_departures.py), and serialised as upstream does.
     assert normalised(answer.json()) == normalised(recorded["body"])
     assert list(normalised(answer.json())) == list(normalised(recorded["body"]))
     assert _compact(recorded["body"]).encode() == recorded["body_raw"].encode()

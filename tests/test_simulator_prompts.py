@@ -47,7 +47,7 @@ def test_status_prompt_and_echo_are_upstreams(sim: SimThread, case: dict[str, An
         return
     assert list(sim.last.prompt_ids) == case["prompt_token_ids"]
     # Equal but for the fields where the response follows OpenAI's spec instead of upstream
-    # (issue 14, tests/spec_departures.py).
+    # (tests/spec_departures.py).
     ours, theirs = normalised(answer.json()), normalised(case["response_body"])
     assert list(ours) == list(theirs)
     assert {k: v for k, v in ours.items() if k not in GENERATED} == {

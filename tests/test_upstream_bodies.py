@@ -1,4 +1,4 @@
-"""Request bodies streamed up by the lean client (pass-through, issue 12), and HEAD answers,
+"""Request bodies streamed up by the lean client (pass-through), and HEAD answers,
 against a raw HTTP/1.1 server on loopback (tests/test_upstream_stream.py's)."""
 
 from __future__ import annotations

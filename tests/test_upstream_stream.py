@@ -29,6 +29,7 @@ from proxy.upstream.stream import (
     RemoteProtocolError,
     StreamClient,
 )
+from proxy.upstream.transport import tls_context
 
 FRAME = b'data: {"choices":[{"index":0,"token_ids":[1,2],"finish_reason":null}]}\n\n'
 LAST = b'data: {"choices":[{"index":0,"token_ids":[3],"finish_reason":"stop"}]}\n\n'
@@ -530,10 +531,11 @@ async def frames_of(upstream: Upstream, timeout: float = 5.0) -> list[tuple[int,
         return [frame.token_ids async for frame in frames]
 
 
-def test_both_clients_connect_directly_whatever_proxy_the_environment_names(
+def test_the_client_connects_directly_whatever_proxy_the_environment_names(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # A forward proxy that refuses everything: a client that used it would fail.
+    # A forward proxy that refuses everything: a client that used it would fail. Upstream is the
+    # server next to the proxy; neither /health nor the streams go through a forward proxy.
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         refused = f"http://127.0.0.1:{sock.getsockname()[1]}"
@@ -553,8 +555,8 @@ def test_both_clients_connect_directly_whatever_proxy_the_environment_names(
     async def run() -> None:
         async with serving(handle) as server:
             upstream = Upstream(server.url, connect_timeout=2)
-            assert await upstream.get_health() == 200  # httpx
-            assert await frames_of(upstream) == [(1, 2), (3,), ()]  # the lean client
+            assert await upstream.get_health() == 200
+            assert await frames_of(upstream) == [(1, 2), (3,), ()]
             await upstream.aclose()
 
     asyncio.run(run())
@@ -563,7 +565,7 @@ def test_both_clients_connect_directly_whatever_proxy_the_environment_names(
 def test_an_https_upstream_is_verified_against_the_configured_ca(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    # A private CA, as operators use for in-cluster TLS; both clients trust SSL_CERT_FILE.
+    # A private CA, as operators use for in-cluster TLS, named by SSL_CERT_FILE.
     ca = trustme.CA()
     server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("localhost").configure_cert(server_context)
@@ -585,8 +587,8 @@ def test_an_https_upstream_is_verified_against_the_configured_ca(
         try:
             monkeypatch.setenv("SSL_CERT_FILE", str(ca_file))
             upstream = Upstream(url, connect_timeout=2)
-            assert await upstream.get_health() == 200  # httpx
-            assert await frames_of(upstream) == [(1, 2), (3,)]  # the lean client
+            assert await upstream.get_health() == 200
+            assert await frames_of(upstream) == [(1, 2), (3,)]
             await upstream.aclose()
             monkeypatch.delenv("SSL_CERT_FILE")  # certifi's bundle: this CA is unknown
             upstream = Upstream(url, connect_timeout=2)
@@ -601,6 +603,21 @@ def test_an_https_upstream_is_verified_against_the_configured_ca(
             await asyncio.gather(*server.tasks, return_exceptions=True)
 
     asyncio.run(run())
+
+
+def test_tls_trust_is_the_named_ca_else_certifis_bundle(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    named = tls_context({"SSL_CERT_FILE": str(ca_file)}).get_ca_certs()
+    assert len(named) == 1
+    assert "trustme" in str(named[0]["subject"])
+    bundle = tls_context({}).get_ca_certs()
+    assert len(bundle) > 50  # certifi's bundle, whatever the system holds
+    assert "trustme" not in str(bundle)
+    directory = tls_context({"SSL_CERT_DIR": str(tmp_path)})
+    assert directory.verify_mode == ssl.CERT_REQUIRED
+    assert directory.check_hostname
 
 
 def test_completion_stream_frames_and_headers() -> None:

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, TypedDict, Unpack
 
-import httpx
 from openai_harmony import HarmonyEncoding
 from prometheus_client import CollectorRegistry
 
@@ -34,13 +33,14 @@ from proxy.server.stateful.background import Background
 from proxy.server.stateful.state import Stateful
 from proxy.store import OFF, Store
 from proxy.upstream.client import Upstream
+from proxy.upstream.transport import Transport
 
 
 class Seams(TypedDict, total=False):
     """The seams of `create_app`, each optional (its default in `build_services`)."""
 
     #: How the upstream client reaches upstream (default: the network).
-    transport: httpx.AsyncBaseTransport | None
+    transport: Transport | None
     #: Where the metrics register (default: a new registry).
     registry: CollectorRegistry | None
     #: Response and item ids (default: random).

@@ -1,11 +1,8 @@
-"""The proxy's side of trtllm-serve: token-id completion streams, the capability probe, and
-requests passed through untouched.
-
-The completion stream of every repaired request, the one call that runs per upstream frame, goes
-through the lean HTTP/1.1 client of `proxy.upstream.stream` (issue 7: less CPU per frame and
-memory per open stream than httpx), and so does pass-through (issue 12: its llhttp parser and
-pool never let a malformed answer's stray bytes reach the next request); the probe and
-`/health` use httpx.
+"""The proxy's side of trtllm-serve: token-id completion streams, the capability probe, `/health`,
+and requests passed through untouched — all on one client, the lean HTTP/1.1 client of
+`proxy.upstream.stream` (less CPU per frame and memory per open stream than httpx, and an llhttp
+parser and pool that never let a malformed answer's stray bytes reach the next request): one
+pool, one TLS set-up, one set of timeouts.
 
 Errors before the first byte become `UpstreamError`/`ClientError` (an HTTP error for our client);
 errors once frames flow become `FrameError` (the shell turns them into `response.failed`).
@@ -20,7 +17,6 @@ from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
-import httpx
 import orjson
 
 from proxy.errors import ClientError, UpstreamError
@@ -34,8 +30,10 @@ from proxy.upstream.stream import (
     StreamClient,
     StreamError,
 )
+from proxy.upstream.transport import Transport
 
-#: Hop-by-hop headers (RFC 9110 §7.6.1) and those httpx sets itself: never forwarded.
+#: Hop-by-hop headers (RFC 9110 §7.6.1) and `host`, which the client writes itself: never
+#: forwarded.
 HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -54,15 +52,17 @@ HOP_BY_HOP = frozenset(
 _REPLACED = ("content-type", "content-length", "content-encoding", "accept", "accept-encoding")
 #: Error bodies (a 4xx/5xx answer to /v1/completions) are read for at most this long after
 #: their head, and never past the request's own first-token deadline: a 503 whose body never
-#: ends is answered in this time, not when the timeouts of a stream run out (issue 12).
+#: ends is answered in this time, not when the timeouts of a stream run out.
 ERROR_BODY_SECONDS = 2.0
 #: ... and up to this size: a message is short; more is not an error object we can quote.
 ERROR_BODY_LIMIT = 64 * 1024
 #: Seconds an idle upstream connection is kept for reuse. Below the 5 s after which uvicorn
-#: (trtllm-serve's server) closes idle connections: at httpx's default, also 5 s, a request
-#: could be written into a connection the server was closing, and failed with a ReadError
-#: (502) under load (tests/test_reliability_load.py, issue 7).
+#: (trtllm-serve's server) closes idle connections: kept as long, a request could be written
+#: into a connection the server was closing, and failed with a ReadError (502) under load
+#: (tests/test_reliability_load.py).
 KEEPALIVE_EXPIRY = 2.0
+#: Seconds `GET /health` may take (readiness probes run every few seconds).
+HEALTH_SECONDS = 2.0
 
 
 def end_to_end(
@@ -81,52 +81,28 @@ def end_to_end(
 
 
 class Upstream:
-    """trtllm-serve at `base_url`. The streamed `/v1/completions` of repaired requests and
-    the requests passed through go through the lean `StreamClient` (`streams`, injectable);
-    the probe and `/health` through httpx, whose `transport` is injectable."""
+    """trtllm-serve at `base_url`, reached through one `StreamClient` whose connections come
+    from `transport` (default: TCP, TLS for https; tests inject their own)."""
 
     def __init__(
         self,
         base_url: str,
         *,
         connect_timeout: float,
-        transport: httpx.AsyncBaseTransport | None = None,
-        streams: StreamClient | None = None,
+        transport: Transport | None = None,
         error_body_seconds: float = ERROR_BODY_SECONDS,
     ) -> None:
         self.base_url = base_url
         self._error_body_seconds = error_body_seconds
-        # One certificate store for both clients (httpx's: SSL_CERT_FILE / SSL_CERT_DIR, else
-        # certifi), and no HTTP(S)_PROXY for either: upstream is the server next to us (a
-        # sidecar's localhost, a cluster service), and the completion streams cannot go through
-        # a forward proxy, so nothing else does either.
-        tls = httpx.create_ssl_context() if base_url.startswith("https:") else None
-        self._client = httpx.AsyncClient(
-            base_url=base_url,
+        self._streams = StreamClient(
+            base_url,
+            connect_timeout=connect_timeout,
+            keepalive_expiry=KEEPALIVE_EXPIRY,
             transport=transport,
-            verify=tls if tls is not None else True,
-            trust_env=False,
-            # Reads are timed by the caller (first token, idle between frames): no total timeout.
-            timeout=httpx.Timeout(connect=connect_timeout, read=None, write=60.0, pool=None),
-            limits=httpx.Limits(
-                max_connections=None,
-                max_keepalive_connections=256,
-                keepalive_expiry=KEEPALIVE_EXPIRY,
-            ),
-            follow_redirects=False,
         )
-        if streams is None:
-            streams = StreamClient(
-                base_url,
-                connect_timeout=connect_timeout,
-                keepalive_expiry=KEEPALIVE_EXPIRY,
-                ssl_context=tls,
-            )
-        self._streams = streams
 
     async def aclose(self) -> None:
         await self._streams.aclose()
-        await self._client.aclose()
 
     @asynccontextmanager
     async def completion_stream(
@@ -213,14 +189,16 @@ class Upstream:
             ) from exc
 
     async def get_health(self) -> int:
-        """Upstream's `GET /health` status (200 while its engine is up)."""
-        answer = await self._client.get("/health", timeout=2.0)
-        return answer.status_code
+        """Upstream's `GET /health` status (200 while its engine is up); `UpstreamError`, its
+        message saying why, when upstream cannot be asked."""
+        response = await self._send("GET", "/health", [], b"", None, HEALTH_SECONDS)
+        response.close()  # its body, if any, says nothing more
+        return response.status
 
     async def probe(self, model: str | None = None, *, decode: Decode | None = None) -> Capability:
         """What upstream's /v1/completions can do for us (probe.py): token ids, token logprobs,
         and — given `decode` to read the ids — whether it enforces `response_format`."""
-        return await probe(self._client, model, decode)
+        return await probe(self._streams, model, decode)
 
     @asynccontextmanager
     async def forward(
@@ -256,9 +234,8 @@ class Upstream:
 
 def _wire(headers: Iterable[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
     """Header values as the bytes the client sent. They reach us decoded as Latin-1 (HTTP allows
-    any octet above 0x7F in a value); handed to httpx as `str` they would be encoded as ASCII,
-    and a client's `X-Custom: café` raised UnicodeEncodeError: a 500 (found by
-    tests/test_reliability_input.py, issue 7)."""
+    any octet above 0x7F in a value); encoded as ASCII instead, a client's `X-Custom: café`
+    raised UnicodeEncodeError: a 500 (tests/test_reliability_input.py)."""
     return [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers]
 
 
@@ -275,7 +252,7 @@ async def _check_status(response: Response, seconds: float) -> None:
         what = describe_error_body(raw, response.head.get("content-type"), cut)
         said = f" with HTTP {status} and {what}" if rejected else f" and {what}"
     if rejected:
-        # Upstream judged the request: pass its status and words on (issue 5).
+        # Upstream judged the request: pass its status and words on.
         raise ClientError(
             f"upstream rejected the request{said}", status=status, code="upstream_rejected"
         )

@@ -1,11 +1,11 @@
-"""Upstream `/v1/completions` stream frames, parsed without I/O (trtllm-serve.md §2).
+"""Upstream `/v1/completions` stream frames (`detokenize: false`), parsed without I/O.
 
 Each `data:` payload is one of: a chunk whose `choices[0].token_ids` holds every token since the
 previous frame (possibly none) and, on the last content frame, `finish_reason`/`stop_reason`; a
 usage frame (`choices: []`, `usage`); `{"error": …}` (newer servers, mid-stream); or `[DONE]`.
 Anything else is a protocol error the shell turns into `response.failed`.
 
-Asked for logprobs (`logprobs: N`, issue 15; trtllm-serve.md §6), a chunk's `logprobs` holds
+Asked for logprobs (`logprobs: N`, builds from early 2026), a chunk's `logprobs` holds
 `token_logprobs` (one number per id of `token_ids`, in order) and `top_logprobs` (one
 `{decoded string: logprob}` per id); `tokens` (decoded strings) is not read: the proxy names
 tokens from the vocabulary by id. A `top_logprobs` dict is not in order of likelihood: upstream
@@ -46,7 +46,7 @@ class Frame:
     stop_reason: int | str | None = None
     completion_tokens: int | None = None
     done: bool = False
-    #: Upstream's logprob of each id and its alternatives (only when asked, issue 15).
+    #: Upstream's logprob of each id and its alternatives (only when asked for).
     logprobs: tuple[float, ...] | None = None
     top_logprobs: tuple[dict[str, float] | None, ...] | None = None
 
@@ -166,8 +166,8 @@ def error_message(body: bytes) -> str | None:
 
 def describe_error_body(body: bytes, content_type: str, cut: str | None = None) -> str:
     """What an error body without a usable message was — never the body itself, which may be
-    junk or a fragment (issue 12: a 400 quoted a lone `{`). `cut` says why it is incomplete
-    (it is read under a deadline and a size cap)."""
+    junk or a fragment (quoted, a lone `{` made a useless 400 message). `cut` says why it is
+    incomplete (it is read under a deadline and a size cap)."""
     if cut is not None:
         return f"an error body that was {cut} (not quoted)"
     if not body:

@@ -19,14 +19,14 @@ request: the body was read to its end, no bytes followed it, and neither side as
 Bytes after the end are never parsed as anything (`trailing`): they are what a response
 smuggled into the next one would look like.
 
-Why llhttp (issue 12, "a home-made HTTP parser is where smuggling bugs live"): it is the parser
+Why llhttp (a home-made HTTP parser is where smuggling bugs live): it is the parser
 of Node.js, fuzzed and maintained; in its default strict mode it refuses bare CR or LF, obs-fold,
 control characters in values, invalid names, `Transfer-Encoding` together with
 `Content-Length`, duplicate or signed lengths, and bad chunk framing. What it allows and we do
 not, checked here: a status outside 100-599, a transfer coding other than `chunked` alone (we
 could not undo one), a 204 that announces a body, 101 (nobody asked to switch), and a head over
 `MAX_HEAD_BYTES` (llhttp has no limit). Its cost per frame is measured against the hand parser
-it replaced in bench/http_parser.py (BENCHMARKS.md, section 6).
+it replaced in bench/http_parser.py (its figures: BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ class ResponseReader:
         """Take bytes from the wire; return the body bytes completed by them."""
         if self.state is _HEAD:
             # llhttp has no head limit: give it at most what is left of ours, so a whole
-            # oversized head in one read is refused too (issue 12: 70 KB got through).
+            # oversized head in one read is refused too (fed whole, 70 KB got through).
             budget = self._budget
             head, data = (data, b"") if len(data) <= budget else (data[:budget], data[budget:])
             self._budget -= len(head)

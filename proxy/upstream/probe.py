@@ -1,5 +1,5 @@
 """The capability probe: what upstream's `/v1/completions` can do for the proxy, asked with a few
-one-token requests (httpx, off every request's path).
+one-token requests on the lean client (off every request's path).
 
     1. `detokenize: false`, one token: are token ids returned? Without them nothing is repaired.
     2. the same with `logprobs: 1`: are token logprobs returned, aligned with the ids?
@@ -12,15 +12,18 @@ one-token requests (httpx, off every request's path).
        the field enforces nothing); a failed request means "unknown".
 
 Each step is a request of its own, so a build that refuses one field still serves the rest.
+A request that fails below HTTP (`StreamError`) or takes longer than `PROBE_SECONDS` is "not
+reachable" for the first steps and "unknown" for the later ones.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import orjson
 
 from proxy.upstream.completions import (
     FrameError,
@@ -28,6 +31,8 @@ from proxy.upstream.completions import (
     error_message,
     read_logprobs,
 )
+from proxy.upstream.connection import RemoteProtocolError, StreamError
+from proxy.upstream.stream import StreamClient
 
 #: `<|start|>user<|message|>Hi<|end|><|start|>assistant`: the prompt of every probe.
 PROBE_PROMPT = (200006, 1428, 200008, 13225, 200007, 200006, 173781)
@@ -44,6 +49,54 @@ GUIDED = "response_format enforced (guided decoding)"
 NOT_PROBED = "response_format enforcement not probed"
 #: Token ids → their text, specials included (None: the ids do not decode).
 Decode = Callable[[Sequence[int]], str | None]
+#: Seconds each probe request may take, head and body (a one-token completion; prefill of the
+#: probe's seven-token prompt waits behind the requests upstream is serving).
+PROBE_SECONDS = 30.0
+#: Seconds the model list may take (asked first, when no model is named).
+MODELS_SECONDS = 10.0
+#: Bytes of an answer read at most: a one-token completion is under 1 KB, a model list a few.
+ANSWER_LIMIT = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A whole, small upstream answer (`fetch`)."""
+
+    status: int
+    content_type: str
+    content: bytes
+
+    def json(self) -> Any:
+        """The body as JSON; `ValueError` when it is not."""
+        return orjson.loads(self.content)
+
+
+async def fetch(
+    client: StreamClient, method: str, path: str, body: Mapping[str, Any] | None = None
+) -> Answer:
+    """One small request on the lean client (`body` sent as JSON) and its whole answer;
+    `StreamError` when the exchange fails or the answer is over `ANSWER_LIMIT` bytes. The
+    caller times the call."""
+    headers = [(b"accept", b"application/json"), (b"accept-encoding", b"identity")]
+    content = b""
+    if body is not None:
+        headers.append((b"content-type", b"application/json"))
+        content = orjson.dumps(body)
+    response = await client.send(method, path, headers, content)
+    try:
+        received = b""
+        while chunk := await response.read():
+            received += chunk
+            if len(received) > ANSWER_LIMIT:
+                raise RemoteProtocolError(f"an answer over {ANSWER_LIMIT} bytes")
+        return Answer(response.status, response.head.get("content-type"), received)
+    finally:
+        response.close()
+
+
+async def _post(client: StreamClient, body: Mapping[str, Any]) -> Answer:
+    async with asyncio.timeout(PROBE_SECONDS):
+        return await fetch(client, "POST", "/v1/completions", body)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,12 +123,13 @@ class Capability:
         return {True: "enforced", False: "not_enforced", None: "unknown"}[self.guided]
 
 
-async def probe(client: httpx.AsyncClient, model: str | None, decode: Decode | None) -> Capability:
+async def probe(client: StreamClient, model: str | None, decode: Decode | None) -> Capability:
     """Probe upstream through `client` (module doc); without `decode` the guided step is left
     out (`guided` unknown)."""
     try:
         if model is None:
-            models = await client.get("/v1/models", timeout=10.0)
+            async with asyncio.timeout(MODELS_SECONDS):
+                models = await fetch(client, "GET", "/v1/models")
             data = models.json().get("data") or [{}]
             model = str(data[0].get("id") or "") or None
         body = {
@@ -85,14 +139,14 @@ async def probe(client: httpx.AsyncClient, model: str | None, decode: Decode | N
             "detokenize": False,
             "stream": False,
         }
-        answer = await client.post("/v1/completions", json=body, timeout=30.0)
-    except (httpx.HTTPError, ValueError, AttributeError, IndexError) as exc:
+        answer = await _post(client, body)
+    except (StreamError, TimeoutError, ValueError, AttributeError, IndexError) as exc:
         return Capability(False, False, f"upstream not reachable: {type(exc).__name__}", model)
-    if answer.status_code != 200:
+    if answer.status != 200:
         said = error_message(answer.content) or describe_error_body(
-            answer.content, answer.headers.get("content-type", "")
+            answer.content, answer.content_type
         )
-        detail = f"/v1/completions answered {answer.status_code}: {said}"
+        detail = f"/v1/completions answered {answer.status}: {said}"
         return Capability(True, False, detail, model)
     try:
         choice = answer.json()["choices"][0]
@@ -112,15 +166,15 @@ async def probe(client: httpx.AsyncClient, model: str | None, decode: Decode | N
     return Capability(True, True, detail, model, logprobs, guided, guided_said, takes)
 
 
-async def _logprobs(client: httpx.AsyncClient, body: dict[str, Any]) -> tuple[bool, str]:
+async def _logprobs(client: StreamClient, body: dict[str, Any]) -> tuple[bool, str]:
     """Whether upstream gives completions logprobs aligned with the token ids, and what the
     probe found in words (for /readyz and the start-up log)."""
     try:
-        answer = await client.post("/v1/completions", json=body, timeout=30.0)
-    except httpx.HTTPError as exc:
+        answer = await _post(client, body)
+    except (StreamError, TimeoutError) as exc:
         return False, f"token logprobs unknown: the probe failed ({type(exc).__name__})"
-    if answer.status_code != 200:
-        said = error_message(answer.content) or f"HTTP {answer.status_code}"
+    if answer.status != 200:
+        said = error_message(answer.content) or f"HTTP {answer.status}"
         return False, f"no token logprobs (/v1/completions with logprobs: {said[:200]})"
     try:
         choice = answer.json()["choices"][0]
@@ -135,7 +189,7 @@ async def _logprobs(client: httpx.AsyncClient, body: dict[str, Any]) -> tuple[bo
 
 
 async def _guided(
-    client: httpx.AsyncClient, body: dict[str, Any], decode: Decode
+    client: StreamClient, body: dict[str, Any], decode: Decode
 ) -> tuple[bool | None, str, bool]:
     """Whether upstream enforces `response_format` (None: unknown), the finding in words, and
     whether it takes the field at all. The text is compared, not the ids: a masked engine may
@@ -143,12 +197,12 @@ async def _guided(
     grammar has ended."""
     request = {**body, "max_tokens": GUIDED_PROBE_TOKENS, "response_format": GUIDED_PROBE_FORMAT}
     try:
-        answer = await client.post("/v1/completions", json=request, timeout=30.0)
-    except httpx.HTTPError as exc:
+        answer = await _post(client, request)
+    except (StreamError, TimeoutError) as exc:
         failed = type(exc).__name__
         return None, f"response_format enforcement unknown: the probe failed ({failed})", True
-    if answer.status_code != 200:
-        said = error_message(answer.content) or f"HTTP {answer.status_code}"
+    if answer.status != 200:
+        said = error_message(answer.content) or f"HTTP {answer.status}"
         return False, f"response_format not enforced (refused: {said[:200]})", False
     try:
         ids = answer.json()["choices"][0]["token_ids"]

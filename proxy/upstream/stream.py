@@ -1,13 +1,14 @@
-"""A lean HTTP/1.1 client to upstream: the streamed `POST /v1/completions` of every repaired
-request (`Upstream.completion_stream`, the proxy's one hot upstream call) and the requests
-passed through untouched (`Upstream.forward`).
+"""A lean HTTP/1.1 client to upstream: the one way the proxy reaches trtllm-serve. It carries the
+streamed `POST /v1/completions` of every repaired request (`Upstream.completion_stream`, the
+proxy's one hot upstream call), the requests passed through untouched (`Upstream.forward`), and
+the capability probe and `/health` (`proxy.upstream.probe`).
 
-httpx sends a request through httpcore, anyio and h11: per upstream frame that is ~10 objects
-and several awaits before the bytes reach the SSE decoder, and per open stream several KB of
-request, response, connection and stream objects (BENCHMARKS.md, sections 2-3; issue 7). Here
-one `asyncio.Protocol` per connection (`proxy.upstream.connection`) parses what arrives with
-llhttp and hands body bytes to the one reader waiting for them. Pass-through uses it too
-(issue 12): httpcore reuses a connection whose response was followed by stray bytes, so a 204
+Why not httpx: it sends a request through httpcore, anyio and h11, which per upstream frame is
+~10 objects and several awaits before the bytes reach the SSE decoder, and per open stream
+several KB of request, response, connection and stream objects. Here one `asyncio.Protocol` per
+connection (`proxy.upstream.connection`) parses what arrives with llhttp and hands body bytes to
+the one reader waiting for them (bench/latency.py and bench/byte_relay.py measure the cost per
+frame). And httpcore reuses a connection whose response was followed by stray bytes, so a 204
 "with a body" became the next request's answer; here such a connection is never reused.
 
     StreamClient.send() ─▶ idle connection (or a new one) ─▶ request written ─▶ head read
@@ -18,8 +19,9 @@ llhttp and hands body bytes to the one reader waiting for them. Pass-through use
                                         closed at once otherwise (a cancelled exchange:
                                         trtllm-serve sees the connection go and aborts)
 
-Errors are `StreamError`s (the tree is in `proxy.upstream.connection`); `Upstream` translates
-them at its boundary.
+New connections come from a `Transport` (`proxy.upstream.transport`: TCP and TLS, or what a
+test injects). Errors are `StreamError`s (the tree is in `proxy.upstream.connection`);
+`Upstream` translates them at its boundary.
 
 The pool keeps at most `max_idle` idle connections, each for `keepalive_expiry` seconds (below
 uvicorn's 5 s: see `proxy.upstream.client.KEEPALIVE_EXPIRY`), newest first, and never one whose
@@ -33,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import ssl
 import time
 from collections import deque
 from collections.abc import AsyncIterable, Callable
@@ -59,6 +60,7 @@ from proxy.upstream.http1 import (
     request_bytes,
     request_head,
 )
+from proxy.upstream.transport import TCPTransport, Transport, tls_context
 
 __all__ = [
     "HIGH_WATER",
@@ -114,8 +116,8 @@ class Response:
 class StreamClient:
     """HTTP/1.1 requests to one origin (`base_url`) over a small keep-alive pool.
 
-    `ssl_context` is used for an https origin (`Upstream` passes httpx's, so both clients trust
-    the same certificates); `clock` is injectable for tests of the idle expiry."""
+    Connections are opened by `transport` (default: TCP to the origin, TLS for https, see
+    `proxy.upstream.transport`); `clock` is injectable for tests of the idle expiry."""
 
     def __init__(
         self,
@@ -124,14 +126,16 @@ class StreamClient:
         connect_timeout: float,
         keepalive_expiry: float,
         max_idle: int = 256,
-        ssl_context: ssl.SSLContext | None = None,
+        transport: Transport | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         parts = urlsplit(base_url)
         tls = parts.scheme == "https"
         self._host = parts.hostname or ""
         self._port = parts.port or (443 if tls else 80)
-        self._ssl = (ssl_context or ssl.create_default_context()) if tls else None
+        if transport is None:
+            transport = TCPTransport(self._host, self._port, tls_context() if tls else None)
+        self._transport = transport
         host = f"[{self._host}]" if ":" in self._host else self._host
         authority = host if parts.port is None else f"{host}:{parts.port}"
         self._fixed = [(b"host", authority.encode("idna"))]
@@ -247,23 +251,17 @@ class StreamClient:
             self._idle.popleft().close()
 
     async def _connect(self) -> Connection:
-        loop = asyncio.get_running_loop()
+        connection = Connection()
         try:
             async with asyncio.timeout(self._connect_timeout):
-                _, protocol = await loop.create_connection(
-                    Connection,
-                    self._host,
-                    self._port,
-                    ssl=self._ssl,
-                    server_hostname=self._host if self._ssl is not None else None,
-                )
+                await self._transport.connect(connection)
         except TimeoutError:
             raise ConnectTimeout(
                 f"not connected to {self._host}:{self._port} within {self._connect_timeout:g} s"
             ) from None
         except OSError as exc:  # refused, unreachable, name not known, TLS (ssl.SSLError)
             raise ConnectError(f"{type(exc).__name__}: {exc}") from exc
-        return protocol
+        return connection
 
 
 async def _head_while_sending(

@@ -9,11 +9,11 @@ GET /metrics   the proxy's Prometheus metrics (with worker processes: all of the
 
 from __future__ import annotations
 
-import httpx
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from proxy.errors import UpstreamError
 from proxy.server.routes.answers import services_of
 
 
@@ -34,8 +34,8 @@ async def readyz(request: Request) -> Response:
             reachable = answer == 200
             if not reachable:
                 detail = f"upstream /health answered {answer}"
-        except httpx.HTTPError as exc:
-            detail = f"upstream /health unreachable: {type(exc).__name__}"
+        except UpstreamError as exc:
+            detail = f"upstream /health: {exc.message}"
     rendering = services.renderer.ready()
     if not rendering and reachable:
         detail = "no render worker is ready yet"
