@@ -54,7 +54,7 @@ def one_piece(
     toolset: ToolSet,
     inputs: list[Message],
 ) -> list[int]:
-    """The reference: what request.py rendered before the cache existed."""
+    """The reference: the whole prompt rendered in one piece, without the cache."""
     messages = [system_message(effort), developer_message(instructions, toolset), *inputs]
     return encoding.render_conversation_for_completion(
         Conversation.from_messages(messages), Role.ASSISTANT
