@@ -66,9 +66,7 @@ def test_the_anchor_reader_sees_headings_and_ids() -> None:
 
 
 def test_every_docs_page_is_linked_from_the_readme() -> None:
-    linked = {
-        (ROOT / target.partition("#")[0]).resolve() for target in _links(ROOT / "README.md")
-    }
+    linked = {(ROOT / target.partition("#")[0]).resolve() for target in _links(ROOT / "README.md")}
     for page in (ROOT / "docs").glob("*.md"):
         assert page.resolve() in linked, f"README.md does not link {page.relative_to(ROOT)}"
 
