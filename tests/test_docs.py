@@ -11,8 +11,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = sorted(
-    [ROOT / "README.md", ROOT / "BENCHMARKS.md", ROOT / "deploy" / "README.md"]
-    + list((ROOT / "docs").glob("*.md"))
+    [
+        ROOT / "README.md",
+        ROOT / "BENCHMARKS.md",
+        ROOT / "deploy" / "README.md",
+        *(ROOT / "docs").glob("*.md"),
+    ]
 )
 #: Scripts in bench/ that other benchmarks use and that print no figures of their own.
 BENCH_HELPERS = {"__init__", "harness", "byte_relay", "replay_upstream"}
@@ -61,7 +65,8 @@ def test_the_anchor_reader_sees_headings_and_ids() -> None:
     # a made-up anchor is not.
     anchors = _anchors(ROOT / "deploy" / "README.md")
     assert "guided-decoding-why-the-trtllm-configs-load-xgrammar" in anchors
-    assert "metrics" in anchors and "no-such-section" not in anchors
+    assert "metrics" in anchors
+    assert "no-such-section" not in anchors
     assert "store_cost" in _anchors(ROOT / "BENCHMARKS.md")
 
 
