@@ -113,7 +113,7 @@ def test_conversation_cost_measures_every_store_without_errors() -> None:
         ("cold_cache.py", ("--repeats", "1", "--gap-ms", "1", "--tokens", "60"), r"ResponseStream"),
         ("prepare.py", ("--repeats", "3"), r"20-item agent history"),
         ("unpatched_cost.py", ("--repeats", "1", "--tokens", "60"), r"20 per chunk"),
-        ("request/fields.py", ("--repeats", "1", "--items", "12"), r"truncation=auto cuts \|"),
+        ("request_fields.py", ("--repeats", "1", "--items", "12"), r"truncation=auto cuts \|"),
     ],
 )
 def test_core_benchmarks_print_their_tables(
