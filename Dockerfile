@@ -57,7 +57,7 @@ COPY --from=build /opt/venv /opt/venv
 COPY --from=build /opt/vocab /opt/vocab
 
 # A fixed numeric uid, so `runAsNonRoot` can verify it without a passwd lookup.
-# /data: the embedded response store (SQLite, issue 13); mount a volume there to keep it.
+# /data: the embedded response store (SQLite); mount a volume there to keep it.
 RUN groupadd --system --gid 10001 proxy \
     && useradd --system --uid 10001 --gid proxy --no-create-home --home-dir /nonexistent \
        --shell /usr/sbin/nologin proxy \

@@ -5,7 +5,7 @@
     ├── UpstreamError               upstream failed before the client's stream started: 502/504/4xx
     ├── UnavailableError            the proxy cannot take the request now (draining, body
     │                               budget full): 503 + Retry-After
-    └── StoreUnavailableError       the response store cannot answer now: 503 (issue 13)
+    └── StoreUnavailableError       the response store cannot answer now: 503
 
 Errors after a stream started are not exceptions but events (`error` + `response.failed`, built
 by the core), because the HTTP status has already been sent.
@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 #: The most of a message / `param` an error body carries: the last bound on quoted client input
-#: (the request readers quote at most ~200 characters of a value or key; issue 12).
+#: (the request readers quote at most ~200 characters of a value or key).
 MESSAGE_CHARS = 1000
 PARAM_CHARS = 200
 
@@ -74,8 +74,8 @@ class UpstreamError(ProxyError):
 
 
 class UnavailableError(ProxyError):
-    """The proxy cannot take the request now — it is shutting down, or its body budget is full
-    (issue 12): 503 with Retry-After, so the client retries (on another replica)."""
+    """The proxy cannot take the request now — it is shutting down, or its body budget is
+    full: 503 with Retry-After, so the client retries (on another replica)."""
 
     status = 503
     error_type = "server_error"

@@ -5,8 +5,8 @@ Prompts, outputs and credentials are never logged unless `log_content` is set (d
 Field values are often the client's (a model name, a path): every string field is cut to
 `FIELD_CHARS` characters, and in the text format every value that could be read as more than
 one `key=value` is quoted with its control characters escaped, so no client string can forge a
-log line or a field (issue 12: a CR/LF in a model name did; a 1 MB model name went whole into
-one line). The JSON format escapes by itself (orjson).
+log line or a field (a CR/LF in a model name would start a forged line; a 1 MB model name
+would go whole into one line). The JSON format escapes by itself (orjson).
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ class TextFormatter(logging.Formatter):
 
 def configure(level: str, fmt: str, **fields: Any) -> logging.Logger:
     """Route our logger (and uvicorn's) to stderr in the chosen format; `fields` go on every
-    line (a worker process's `worker` number, issue 17)."""
+    line (a worker process's `worker` number)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     if fields:

@@ -4,7 +4,7 @@ Label values come only from small fixed sets (routes, outcomes, channels, event 
 emits, error kinds); models only from the configured `metrics_models` list, others are `other`.
 Never ids, text or client-supplied strings.
 
-With worker processes (issue 17) every process writes its values to prometheus_client's
+With worker processes (`workers` above 1) every process writes its values to prometheus_client's
 multiprocess files (proxy/server/processes/multiproc.py) and `/metrics` reads them all: counters
 and histograms are summed; each gauge says how its values combine (`multiprocess_mode`, ignored
 in a single process): what a process holds is summed over the live ones (`livesum`), a condition
@@ -43,7 +43,7 @@ CLIENT_TIMEOUT = "client_send"
 #: Upstream timeouts: before its first token, between frames, before its response headers.
 TIMEOUT_KINDS = ("first_token", "idle", "first_byte", CLIENT_TIMEOUT)
 #: `proxy_upstream_errors_total` kinds: the error codes of upstream failures, on both routes
-#: (a timeout is `timeout`). Pass-through (issue 12): `upstream_bad_response` for an answer
+#: (a timeout is `timeout`). Pass-through: `upstream_bad_response` for an answer
 #: that is no valid HTTP response (502 before our head, an abort after it),
 #: `upstream_disconnected` for one cut after our head.
 UPSTREAM_ERROR_KINDS = (
@@ -258,7 +258,7 @@ class Metrics:
         self.draining = Gauge(
             "proxy_draining", "1 after SIGTERM", registry=r, multiprocess_mode="livemax"
         )
-        # Issue 17: worker processes serving the port (each live one counts itself), and
+        # Worker processes serving the port (each live one counts itself), and
         # those that died and were replaced (counted by the supervisor).
         self.worker_processes = Gauge(
             "proxy_worker_processes",
@@ -268,7 +268,7 @@ class Metrics:
         )
         self.worker_processes.set(1)
         self.worker_restarts = worker_restarts(r)
-        # Issue 12: where requests were rendered (inline on the loop, or in a worker process)
+        # Where requests were rendered (inline on the loop, or in a render worker process)
         # and how it ended; every label set exported at zero from the start.
         self.renders = Counter(
             "proxy_renders", "Request renders by path and outcome", ["path", "outcome"], registry=r
@@ -323,7 +323,7 @@ class Metrics:
         build.labels(__version__, harmony_version).set(1)
         # Export zeros for the fixed label sets, so that rates, ratios and alerts have series
         # from the first scrape instead of "no data" until the first event of each kind
-        # (unlabelled metrics export their 0 by themselves; issue 12, item 8). Each set is the
+        # (unlabelled metrics export their 0 by themselves). Each set is the
         # code's own: the core's malformed kinds, event types and channels, the error codes.
         for model in ("other", *sorted(self._models)):
             for stream in ("true", "false"):
@@ -394,6 +394,6 @@ def worker_restarts(registry: CollectorRegistry | None) -> Counter:
     it too, so the series exists at 0 from the first scrape, also with one process."""
     return Counter(
         "proxy_worker_restarts",
-        "Worker processes that died and were replaced (issue 17)",
+        "Worker processes that died and were replaced",
         registry=registry,
     )

@@ -1,8 +1,9 @@
 """Server-sent events, both ways, without I/O.
 
-`encode` writes one Responses event as `event: <type>\\ndata: <compact JSON>\\n\\n`
-(responses-stream-contract.md, framing). JSON escapes every control character, so no text the
-model writes can break a frame or inject one.
+`encode` writes one Responses event as `event: <type>\\ndata: <compact JSON>\\n\\n`, the
+framing OpenAI's stream uses (the type both in the `event:` line and in the JSON, which clients
+read; no `data: [DONE]`). JSON escapes every control character, so no text the model writes can
+break a frame or inject one.
 
 `SSEDecoder` reads upstream's `/v1/completions` stream incrementally, in the manner of httpx-sse:
 `feed(bytes)` returns the complete messages so far; `flush()` the last one when the body ended

@@ -1,4 +1,4 @@
-"""Validate what the proxy sends against OpenAI's published OpenAPI description (issue 14).
+"""Validate what the proxy sends against OpenAI's published OpenAPI description.
 
 `spec_errors(value, name)` lists where `value` breaks the component schema `name` of
 `fixtures/openai-openapi/openai-openapi-2.3.0.json`; `assert_events_match_spec(events)` checks

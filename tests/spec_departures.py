@@ -1,4 +1,4 @@
-"""Where the response object departs from upstream's recordings on purpose (issue 14).
+"""Where the response object departs from upstream's recordings on purpose.
 
 Upstream (trtllm-serve) echoes `null` where OpenAI's spec allows none, `parallel_tool_calls`
 false by default, the requested `service_tier`, no `store`, no `completed_at`, `usage: null`
@@ -31,8 +31,8 @@ _TOOL_UNSET: dict[str, dict[str, Any]] = {
 
 
 def normalised(value: Any) -> Any:
-    """A copy of an event, a response object or a request echo with issue 14's fields in one
-    form (module doc)."""
+    """A copy of an event, a response object or a request echo with those fields in one form
+    (module doc)."""
     value = copy.deepcopy(value)
     if isinstance(value, dict) and isinstance(value.get("response"), dict):
         _response(value["response"])

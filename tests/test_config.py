@@ -88,9 +88,9 @@ def test_a_secret_is_never_shown() -> None:
     assert "reasoning_keys" not in repr(Settings())
 
 
-def test_readme_table_and_example_config_list_every_setting() -> None:
-    readme = (ROOT / "README.md").read_text()
-    assert settings_table() in readme, "README settings table is stale: paste settings_table()"
+def test_docs_table_and_example_config_list_every_setting() -> None:
+    docs = (ROOT / "docs" / "settings.md").read_text()
+    assert settings_table() in docs, "docs/settings.md table is stale: paste settings_table()"
     example = (ROOT / "config" / "proxy.example.toml").read_text()
     assert example == example_toml(), (
         "config/proxy.example.toml is stale: regenerate it with .venv/bin/python -c "

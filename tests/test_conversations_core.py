@@ -1,4 +1,4 @@
-"""The sans-IO half of conversations (issue 16): ids, request bodies, items as kept and listed,
+"""The sans-IO half of conversations: ids, request bodies, items as kept and listed,
 pages — plain data in, plain data out."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Table-driven core cases: Harmony text → ids → events, each fed at every chunking.
 
-For each case: the events are well-formed at every chunking (contract rules), identical up to
+For each case: the events are well-formed at every chunking (tests/wellformed.py), identical up to
 delta coalescing, the snapshot says exactly what the Harmony text says, and the openai SDK
 validates and accumulates them.
 """

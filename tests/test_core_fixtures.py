@@ -55,7 +55,7 @@ def test_repaired_output_matches_upstream_nonstream(
     without_preambles = semantic([i for i in response["output"] if i not in preambles])
     assert without_preambles == semantic(nonstream["output"])
     if transcript["scenario"] == "s5_reasoning_preamble_final":
-        # kept, unlike upstream (issue 2): the preamble is a message of its own, in order
+        # kept, unlike upstream (which drops preambles): a message of its own, in order
         assert ours[1] == ("message", "assistant", "Let me check the tracking system for you.")
     usage = response["usage"]
     assert usage["input_tokens"] == len(scenario["prompt_token_ids"])

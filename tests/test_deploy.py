@@ -1,4 +1,4 @@
-"""The deployment files (issue 6) agree with the code and with each other.
+"""The deployment files agree with the code and with each other.
 
 Schema validation (hadolint, kubernetes-validate, check-jsonschema, promtool) runs in
 scripts/check-deploy; these tests check what a schema cannot: the image bakes the vocab the code
@@ -228,7 +228,7 @@ def test_kubernetes_shutdown_outlasts_the_drain(
     sleep_command = proxy["lifecycle"]["preStop"]["exec"]["command"]
     assert sleep_command[0] == "sleep"
     pre_stop = float(sleep_command[1])
-    # SIGTERM after the preStop sleep, then up to drain_timeout, then the exit (issue 12).
+    # SIGTERM after the preStop sleep, then up to drain_timeout, then the exit (the drain).
     proxy_gone = pre_stop + drain + server.EXIT_MARGIN
     assert pod["terminationGracePeriodSeconds"] > proxy_gone
     liveness = proxy["livenessProbe"]
@@ -244,7 +244,7 @@ def test_kubernetes_shutdown_outlasts_the_drain(
 def test_kubernetes_workers_follow_the_proxy_cpu_request(
     manifests: dict[tuple[str, str], dict[str, Any]],
 ) -> None:
-    """Issue 17: one worker process per requested CPU, through the downward API (no CPU limit
+    """One worker process per requested CPU, through the downward API (no CPU limit
     to read: it would throttle)."""
     proxy = _containers(manifests)["proxy"]
     [workers] = [item for item in proxy.get("env", []) if item["name"] == "PROXY_WORKERS"]
@@ -411,7 +411,7 @@ def _interpolated(env: dict[str, str]) -> dict[str, str]:
 
 @pytest.mark.parametrize("name", COMPOSE_FILES)
 def test_compose_sizes_workers_by_the_cpu_limit(name: str, tmp_path: Path) -> None:
-    """Issue 17: `PROXY_WORKERS=auto` under the service's `cpus` limit, which docker sets as
+    """`PROXY_WORKERS=auto` under the service's `cpus` limit, which docker sets as
     the container's cgroup quota: auto starts that many workers, whatever the host has."""
     proxy = _compose(name)["services"]["proxy"]
     assert load_settings(_interpolated(proxy["environment"])).workers == 0  # auto

@@ -1,4 +1,4 @@
-"""Token logprobs in the repair core (issue 15): entries per token, held with split characters.
+"""Token logprobs in the repair core: entries per token, held with split characters.
 
 Every case runs through `assert_well_formed(..., logprobs=True)`, which checks that a message's
 delta entries add up to its done event's, part's and item's, and that their `bytes` are its
@@ -124,7 +124,7 @@ def test_token_bytes_are_the_text_at_any_chunking(
         if item["type"] == "message" and item["phase"] != "commentary"
         for part in item["content"]
     ]
-    # Preambles carry none (issue 15), in their events and in their item.
+    # Preambles carry none, as on OpenAI, in their events and in their item.
     preambles = {i["id"] for i in response["output"] if i.get("phase") == "commentary"}
     assert all(
         e["logprobs"] == [] for e in events if e.get("item_id") in preambles and "logprobs" in e

@@ -1,5 +1,6 @@
-"""Token logprobs end to end (issue 15): the strict `openai` SDK, the proxy on real uvicorn, the
-simulator as upstream (its completions logprobs modelled on trtllm-serve's, §6).
+"""Token logprobs end to end: the strict `openai` SDK, the proxy on real uvicorn, the simulator
+as upstream (its completions logprobs modelled on trtllm-serve's: decoded strings per id, the
+sampled token first among the alternatives).
 
 The simulator replays a known generation, so every entry can be held to what upstream sent
 for that id (`completion_frames.token_logprob`, and the most likely ids `ranked` at its

@@ -1,5 +1,5 @@
-"""Logprobs at the upstream boundary (issue 15): what the proxy asks, how frames are read, and
-the simulator's model of trtllm-serve's completions logprobs (trtllm-serve.md §6)."""
+"""Logprobs at the upstream boundary: what the proxy asks, how frames are read, and the
+simulator's model of trtllm-serve's completions logprobs (builds from early 2026)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Metrics from the first scrape (issue 12, item 8): every series the Grafana dashboard or an
+"""Metrics from the first scrape: every series the Grafana dashboard or an
 alert rule selects exists in a fresh proxy's `/metrics`, before any traffic, so panels never show
 "No data" and `rate()`/`increase()` see the first failure. The label sets come from the code's
 own fixed sets; the second half checks those sets against the code that uses them.
@@ -43,7 +43,7 @@ def fresh(
     request: pytest.FixtureRequest, encoding: HarmonyEncoding, tmp_path_factory: Any
 ) -> list[Sample]:
     """The samples of a just-started proxy's /metrics: nothing served yet. With worker
-    processes (issue 17): what a `serve --workers 2` answers, read from every process's
+    processes: what a `serve --workers 2` answers, read from every process's
     multiprocess files."""
     double = UpstreamDouble()
     with LiveServer(double) as upstream:
@@ -157,7 +157,8 @@ def _tree(relative: str) -> ast.Module:
 
 
 def _core_nodes() -> Iterator[ast.AST]:
-    """The per-token machine and the stream around it (issue 17 split them in two)."""
+    """The per-token machine and the stream around it (two modules: stream/machine.py and
+    stream/repair.py)."""
     for module in ("proxy/harmony/stream/repair.py", "proxy/harmony/stream/machine.py"):
         yield from ast.walk(_tree(module))
 

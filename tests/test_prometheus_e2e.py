@@ -1,4 +1,4 @@
-"""End to end with a real Prometheus (issue 6): `responses-repair-proxy serve` with its built-in
+"""End to end with a real Prometheus: `responses-repair-proxy serve` with its built-in
 simulator in a subprocess, Debian's `prometheus` scraping it every second with the shipped
 scrape config and alert rules, two rounds of traffic, then every dashboard query and every alert
 expression evaluated through Prometheus's HTTP API. The Traffic, Latency and Recovery rows must

@@ -1,5 +1,5 @@
 """`include: ["reasoning.encrypted_content"]`: reasoning sealed on the way out, opened on the way
-back in, rendered as the plain item would be (issue 14, proxy/harmony/reasoning_seal.py)."""
+back in, rendered as the plain item would be (proxy/harmony/reasoning_seal.py)."""
 
 from __future__ import annotations
 

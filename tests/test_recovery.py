@@ -1,6 +1,7 @@
-"""The recovery accounting read from the core's own parse (issue 17) against the full model of
-the unpatched upstream run beside it (the accounting before): the same `RepairRecord`, on every
-recorded scenario at every chunking and on random token streams, malformed ones included."""
+"""The recovery accounting read from the core's own parse against the full model of the
+unpatched upstream run beside it (a second parser per token, the reference): the same
+`RepairRecord`, on every recorded scenario at every chunking and on random token streams,
+malformed ones included."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Every `CreateResponse` field is honoured, refused, echoed or checked — never ignored silently
-(issue 14). The README's "Request fields" table lists each one; these tests hold the proxy to it.
+"""Every `CreateResponse` field is honoured, refused, echoed or checked — never ignored silently:
+a client that sets a field must learn whether it took effect. The table of docs/request-fields.md
+lists each one; these tests hold the proxy to it.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def _refused(encoding: HarmonyEncoding, **fields: Any) -> ClientError:
     return caught.value
 
 
-def test_the_readme_table_lists_every_create_response_field() -> None:
+def test_the_docs_table_lists_every_create_response_field() -> None:
     spec = orjson.loads(SPEC_FILE.read_bytes())["components"]["schemas"]
 
     def properties(schema: dict[str, Any]) -> set[str]:
@@ -47,8 +48,7 @@ def test_the_readme_table_lists_every_create_response_field() -> None:
 
     fields = properties(spec["CreateResponse"])
     assert {"input", "tool_choice", "truncation", "moderation"} <= fields
-    readme = (ROOT / "README.md").read_text()
-    table = readme.split("## Request fields", 1)[1].split("\n## ", 1)[0]
+    table = (ROOT / "docs" / "request-fields.md").read_text()
     listed: set[str] = set()
     for row in table.splitlines():
         if row.startswith("| `"):
@@ -95,7 +95,7 @@ def test_previous_response_id_without_a_store_is_not_found(encoding: HarmonyEnco
 
 
 def test_background_needs_store(encoding: HarmonyEncoding) -> None:
-    """OpenAI's rule: a background response lives in the store (issue 13 serves it)."""
+    """OpenAI's rule: a background response lives in the response store, so it needs `store`."""
     error = _refused(encoding, background=True, store=False)
     assert error.param == "background"
     assert "store" in error.message

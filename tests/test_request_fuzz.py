@@ -1,5 +1,5 @@
 """Validation is total: whatever the body, `prepare_request` returns a prepared request or raises a
-4xx `ClientError` (issue 3) — never another exception — and both serialise with orjson."""
+4xx `ClientError` — never another exception — and both serialise with orjson."""
 
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 
 `tests/fixtures/trtllm-prompts/` holds, per request, the prompt ids and sampling parameters
 trtllm-serve's Responses path handed to the engine, or the status it answered; `*.expected_fixed`
-files give the prompt where upstream is wrong (issue 3). `trtllm-oracle/manifest.json` holds the
-requests and prompt ids of the recorded streams.
+files give the prompt where upstream is wrong (the proxy serves those requests).
+`trtllm-oracle/manifest.json` holds the requests and prompt ids of the recorded streams.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def test_fixture_request(name: str, step: dict[str, Any], encoding: HarmonyEncod
         return
     if "previous_response_id" in body:
         # Upstream answers from its in-memory store (404 for d20). The proxy's shell resolves
-        # it from its own store (issue 13, tests/test_stateful_*.py) and renders the merged body
+        # it from its own store (tests/test_stateful_*.py) and renders the merged body
         # without it: one that reaches prepare_request means the store is off.
         with pytest.raises(ClientError) as caught:
             prepare_request(body, encoding)
@@ -131,8 +131,8 @@ def test_fixture_request(name: str, step: dict[str, Any], encoding: HarmonyEncod
     assert prepared.completion_body["model"] == body["model"]
     completion_body = dict(prepared.completion_body)
     if body.get("tool_choice", "auto") != "auto":
-        # Upstream ignores tool_choice; the proxy enforces it by guided decoding (issue 14,
-        # request/guided.py): same prompt and sampling, plus that constraint.
+        # Upstream ignores tool_choice; the proxy enforces it by guided decoding
+        # (request/guided.py): same prompt and sampling, plus that constraint.
         assert step["sampling_params"]["guided_decoding"] is None
         heads = allowed_headers(completion_body.pop("response_format"))
         assert "<|channel|>final<|message|>" not in heads  # d18: "required"
@@ -178,7 +178,7 @@ def test_echo_matches_upstream_response(
         usage=upstream["usage"],
     )
     # Equal but for the fields where the echo follows OpenAI's spec instead of upstream
-    # (issue 14, tests/spec_departures.py).
+    # (tests/spec_departures.py).
     ours, upstream = normalised(ours), normalised(upstream)
     compared = [key for key in upstream if key in {*DEFAULT_ECHO, "user"}]
     assert {key: ours[key] for key in compared} == {key: upstream[key] for key in compared}

@@ -54,7 +54,7 @@ def one_piece(
     toolset: ToolSet,
     inputs: list[Message],
 ) -> list[int]:
-    """The reference: what request.py rendered before the cache existed."""
+    """The reference: the whole prompt rendered in one piece, without the cache."""
     messages = [system_message(effort), developer_message(instructions, toolset), *inputs]
     return encoding.render_conversation_for_completion(
         Conversation.from_messages(messages), Role.ASSISTANT
@@ -231,7 +231,7 @@ def input_message(draw: st.DrawFn) -> Message:
     author = Author(role=role, name=draw(st.sampled_from(["functions.f0", "ns.f1", None])))
     contents: list[Any] = [TextContent(text=text) for text in draw(st.lists(words, max_size=2))]
     if role is Role.DEVELOPER and draw(st.integers(0, 5)) == 0:
-        # Not what request_items builds, but it would change the system message: one piece.
+        # Not what request/items.py builds, but it would change the system message: one piece.
         tool = ToolDescription.new("f0", "d", {"type": "object", "properties": {}})
         contents.append(DeveloperContent.new().with_function_tools([tool]))
     if role is Role.SYSTEM and draw(st.integers(0, 5)) == 0:

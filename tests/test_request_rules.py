@@ -1,4 +1,4 @@
-"""Rules of the request side (issue 3), each asserting the exact prompt text or the exact error.
+"""Rules of the request side, each asserting the exact prompt text or the exact error.
 
 The prompt text is the decoded prompt ids (`decode_utf8`), special tokens written out.
 """
@@ -270,7 +270,7 @@ def test_hosted_tools_are_skipped_but_echoed(encoding: HarmonyEncoding) -> None:
         system() + EMPTY_DEVELOPER + "<|start|>user<|message|>hi<|end|>" + ASSISTANT
     )
     assert prepared.echo["tools"] == [
-        # unset fields: the spec's default, or left out where it has none (issue 14)
+        # unset fields: the spec's default, or left out where it has none
         {
             "type": "web_search",
             "external_web_access": True,
@@ -757,7 +757,7 @@ def test_echo_of_request_fields(encoding: HarmonyEncoding) -> None:
     echo = prepared.echo
     assert (echo["metadata"], echo["user"], echo["safety_identifier"]) == ({"k": "v"}, "u1", "s1")
     assert (echo["prompt_cache_retention"], echo["truncation"]) == ("24h", "auto")
-    assert "service_tier" not in echo  # the response names the tier used (issue 14)
+    assert "service_tier" not in echo  # the response names the tier used
     assert (echo["max_tool_calls"], echo["parallel_tool_calls"], echo["store"]) == (3, True, True)
     assert echo["tool_choice"] == {"type": "function", "name": "f"}
     assert prepared.store is True

@@ -1,7 +1,7 @@
 """Unknown keys inside request objects are refused; the table of keys follows the spec and the
 SDK; the response object echoes only what the spec defines.
 
-The table (proxy/harmony/request_shapes.py) is held to OpenAI's OpenAPI description — each
+The table (proxy/harmony/request/shapes.py) is held to OpenAI's OpenAPI description — each
 shape's keys are exactly its schemas' properties — and walked beside openai-python's request
 types, so every field a real client can send is accepted and nothing else. Then every object
 of a request that uses them all gets an unknown key (Hypothesis), and each must be a 400

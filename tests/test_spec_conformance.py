@@ -1,4 +1,4 @@
-"""Every event and response object the proxy emits is valid against OpenAI's spec (issue 14).
+"""Every event and response object the proxy emits is valid against OpenAI's spec.
 
 `assert_well_formed` validates every stream any test produces (`tests/openapi.py`); this file
 adds the scenarios on purpose: every recorded upstream scenario with each real client's request
@@ -211,7 +211,8 @@ def _valid_stream(encoding: HarmonyEncoding) -> list[dict[str, Any]]:
 @pytest.mark.parametrize(
     ("defect", "expected"),
     [
-        # each defect of issue 14 the schema can see, put back into a valid stream
+        # each way upstream's stream breaks the spec that the schema can see, put back into a
+        # valid stream
         ("done_without_name", "'name' is a required property"),
         ("text_null", "$.response.text"),
         ("format_null", "$.response.text.format"),

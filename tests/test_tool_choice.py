@@ -1,4 +1,4 @@
-"""`tool_choice` enforced by guided decoding (issue 14, proxy/harmony/request_guided.py).
+"""`tool_choice` enforced by guided decoding (proxy/harmony/request/guided.py).
 
 Three layers: the constraint each choice puts on the `/v1/completions` request; the simulator's
 reading of it, held to the verdicts real xgrammar gives on the same formats; and the effect end

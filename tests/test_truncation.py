@@ -1,4 +1,4 @@
-"""`truncation` and `max_prompt_tokens` (issue 14, proxy/harmony/request_fit.py)."""
+"""`truncation` and `max_prompt_tokens` (proxy/harmony/request/fit.py)."""
 
 from __future__ import annotations
 

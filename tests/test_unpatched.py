@@ -69,7 +69,7 @@ def _compact(event: dict[str, Any]) -> str:
 
 
 def _as_compared(data: str) -> str:
-    """An event's JSON with issue 14's deliberate departures from upstream in one form (the
+    """An event's JSON with the deliberate departures from upstream in one form (the
     response object follows OpenAI's spec: `tests/spec_departures.py`); everything else, key
     order included, byte for byte."""
     return _compact(normalised(json.loads(data)))

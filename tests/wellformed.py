@@ -1,9 +1,34 @@
-"""`assert_well_formed(events)`: every rule of responses-stream-contract.md, in one place.
+"""`assert_well_formed(events)`: every rule of a correct Responses stream, in one place.
+
+The rules (what openai-python's types, OpenAI's own streams and strict clients — the SDK's
+stream helpers, Codex, the Vercel AI SDK, LangChain — require), numbered as the messages below
+cite them:
+
+1. One Harmony message is one output item; every event of an item carries its `output_index`
+   (its position in the final `output`) and its `item_id`; `added`, `done` and the snapshot
+   entry share one id.
+2. `sequence_number` counts 0, 1, 2, … with no gap and no restart; the response id never
+   changes.
+3. An item is announced (`output_item.added`, and `content_part.added` for messages and
+   reasoning) before its first delta.
+4. Item k is closed with all its done events before anything of item k+1.
+5. An item's deltas concatenate to exactly its done text, the snapshot's text; no delta carries
+   a broken multi-byte character.
+6. Function calls: `name` from the recipient, `arguments` the raw JSON text (never header
+   tokens such as `<|constrain|>json`), ids `call_…` and `fc_…`.
+7. A commentary message without recipient (a preamble) is a message item, not dropped (the core
+   tests check it: a dropped preamble leaves no trace in the events).
+8. Exactly one terminal event: `response.completed`, `response.incomplete`
+   (`max_output_tokens`, open items closed `incomplete`), or `error` then `response.failed`.
+9. The terminal snapshot's `output` equals the done items; `usage` is numeric.
+10. The fields strict clients read are present (`sequence_number` everywhere, `logprobs` lists
+    on text events, `status` on every item, `summary` on reasoning items, the response's `id`,
+    `created_at`, `model`, `object`, `output`, `parallel_tool_calls`, `tool_choice`, `tools`).
 
 Used at every layer: the core's events, the SSE the server writes, streams read back by clients.
 Every event, and every `response` object inside one, is also validated against OpenAI's OpenAPI
-description (`tests/openapi.py`, issue 14), so every scenario a test runs is checked against it.
-Returns the terminal response so callers can assert on it further.
+description (`tests/openapi.py`), so every scenario a test runs is checked against it. Returns
+the terminal response so callers can assert on it further.
 """
 
 from __future__ import annotations
@@ -67,7 +92,7 @@ def _check_usage(usage: Any) -> None:
 
 
 def _check_logprobs(where: str, entries: Any, text: str, *, exact: bool, cut: bool) -> None:
-    """A message's logprob entries (issue 15): OpenAI's `LogProb` shape, and — `exact` — their
+    """A message's logprob entries: OpenAI's `LogProb` shape, and — `exact` — their
     `bytes` concatenate to the text's UTF-8, byte for byte; `cut` (an incomplete item) allows
     the bytes of a character the end of generation cut off after them (at most 3)."""
     assert isinstance(entries, list), f"{where}: logprobs {entries!r}"
@@ -94,11 +119,11 @@ def _check_logprobs(where: str, entries: Any, text: str, *, exact: bool, cut: bo
 def assert_well_formed(
     events: Sequence[dict[str, Any]], *, invalid_utf8: bool = False, logprobs: bool = False
 ) -> dict[str, Any]:
-    """Assert the contract's rules 1-10 (SDK model validation is `sdk.py`'s job).
+    """Assert rules 1-10 of the module docstring (SDK model validation is `sdk.py`'s job).
 
     `invalid_utf8`: the model wrote bytes that are no UTF-8 at all (random ids), which the
     parser replaces with U+FFFD; otherwise a U+FFFD in a delta is a character broken by a split.
-    `logprobs`: the request included `message.output_text.logprobs` (issue 15): each answer
+    `logprobs`: the request included `message.output_text.logprobs`: each answer
     message's deltas carry entries (a preamble's none) that add up to its done event's, part's
     and item's, whose bytes are its text's (unless `invalid_utf8`); without it every `logprobs`
     list is empty.
@@ -188,7 +213,7 @@ def assert_well_formed(
                 assert event["content_index"] == 0, where
             delta = event["delta"]
             if current.kind == "message":
-                # the answer's deltas carry their tokens' logprobs; preambles none (issue 15)
+                # the answer's deltas carry their tokens' logprobs; preambles none
                 if logprobs and current.item.get("phase") != "commentary":
                     assert event["logprobs"], f"{where}: a delta without its tokens' logprobs"
                     current.logprobs += event["logprobs"]
@@ -211,7 +236,7 @@ def assert_well_formed(
                 # openai-harmony decodes as its text; a header's own must never leak.
                 header = "<|constrain|>json" if invalid_utf8 else "<|constrain|>"
                 assert header not in text, f"{where}: header in arguments (rule 6)"
-                # OpenAI's spec requires the function's name on this event (issue 14).
+                # OpenAI's spec requires the function's name on this event.
                 assert event.get("name") == current.item["name"], f"{where}: name"
         elif kind == "response.content_part.done":
             assert current.text_done is not None, f"{where}: before the text done event"
@@ -258,7 +283,7 @@ def assert_well_formed(
         "response.failed": "failed",
     }[terminal["type"]]
     if status == "failed" and response["status"] == "cancelled":
-        status = "cancelled"  # a cancelled response ends with response.failed (issue 13)
+        status = "cancelled"  # OpenAI's event set has no response.cancelled: response.failed
     assert response["status"] == status, f"terminal status {response['status']} != {status}"
     assert response["output"] == done_items, "snapshot output != the done items (rule 9)"
     _check_usage(response["usage"])
@@ -273,7 +298,7 @@ def assert_well_formed(
         assert response["error"]["message"]
     else:
         assert response["error"] is None
-    # The spec: `completed_at` is "only present when the status is `completed`" (issue 14).
+    # The spec: `completed_at` is "only present when the status is `completed`".
     if status == "completed":
         completed_at = response.get("completed_at")
         assert isinstance(completed_at, int | float), f"completed_at {completed_at!r}"

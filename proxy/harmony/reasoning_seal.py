@@ -1,4 +1,4 @@
-"""Sealed reasoning: `include: ["reasoning.encrypted_content"]` for stateless clients (issue 14).
+"""Sealed reasoning: `include: ["reasoning.encrypted_content"]` for stateless clients.
 
 A client that keeps no state on the server (Codex with `store: false`) carries the model's
 reasoning to its next turn as the reasoning item's `encrypted_content`, which only the server can

@@ -19,14 +19,14 @@ from proxy.harmony.constraint import OutputConstraint
 
 #: prefix ("resp", "rs", "msg", "fc", "call", …) → a new id with that prefix.
 IdFactory = Callable[[str], str]
-#: A reasoning item's text parts → its `encrypted_content` (reasoning_seal.py; issue 14).
+#: A reasoning item's text parts → its `encrypted_content` (reasoning_seal.py).
 Sealer = Callable[[Sequence[str]], str]
 
 
 def random_id(prefix: str) -> str:
     """The production id factory: `<prefix>_<32 hex>`, the shape of upstream's `random_uuid()`
     ids, with all 128 bits random (a uuid4 has 122): stored responses are found by id alone,
-    so an id must not be guessable (issue 13)."""
+    so an id must not be guessable."""
     return f"{prefix}_{secrets.token_hex(16)}"
 
 
@@ -45,8 +45,8 @@ class CountingIds:
 
 
 #: Request-echo fields of the response object and their values when the request omits them. The
-#: request side (`request.py`) produces the overrides in `ResponseContext.echo`. Upstream's
-#: defaults, except where OpenAI's spec (issue 14) says otherwise: `parallel_tool_calls` defaults
+#: request side (request/prepare.py) produces the overrides in `ResponseContext.echo`. Upstream's
+#: defaults, except where OpenAI's spec says otherwise: `parallel_tool_calls` defaults
 #: to true, `text` to the plain-text format, `store` is echoed, and `user` is left out when unset
 #: (the spec's type has no null).
 DEFAULT_ECHO: Mapping[str, Any] = {
@@ -74,7 +74,7 @@ DEFAULT_ECHO: Mapping[str, Any] = {
 }
 
 #: The one tier this server has. The spec: "the response body will include the `service_tier`
-#: value based on the processing mode actually used to serve the request" (issue 14).
+#: value based on the processing mode actually used to serve the request".
 SERVICE_TIER = "default"
 
 #: Upstream's key order (the openai 3.57.0 `Response` model): echo keys slot in by name; `store`
@@ -91,7 +91,7 @@ _KEY_ORDER = (
     "usage", "user",
 )
 # fmt: on
-#: Keys whose type in OpenAI's spec has no null: left out while they have no value (issue 14).
+#: Keys whose type in OpenAI's spec has no null: left out while they have no value.
 _NOT_NULLABLE = ("prompt_cache_options", "usage", "user")
 
 
@@ -107,7 +107,7 @@ class ResponseContext:
     `created_at`, which keeps the core deterministic); `seal` gives reasoning items their
     `encrypted_content` when the request included it (None: null); `top_logprobs`: the
     request included `message.output_text.logprobs` and wants this many alternatives per token
-    (None: no logprobs, issue 15); `constraint`: what `tool_choice` and `text.format` demand of
+    (None: no logprobs); `constraint`: what `tool_choice` and `text.format` demand of
     the output, checked as it is parsed (constraint.py; None: nothing).
     """
 
@@ -135,7 +135,7 @@ def response_object(
 ) -> dict[str, Any]:
     """The `response` object in upstream's key order, with the request echo applied.
 
-    Valid against OpenAI's spec (issue 14): `completed_at` is set exactly when `status` is
+    Valid against OpenAI's spec: `completed_at` is set exactly when `status` is
     `completed`, `service_tier` is the tier used, and keys whose type has no null are left out
     while unset.
     """

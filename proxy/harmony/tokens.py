@@ -1,7 +1,8 @@
 """Harmony special-token ids of gpt-oss's encoding (o200k_harmony).
 
 The core detects message boundaries from these ids instead of reading the parser's state, which
-re-serialises the whole parser on every read (O(n) per token; trtllm-serve.md §5).
+re-serialises the whole parser on every read: openai-harmony's `state` and `messages` cost O(n)
+per token read, O(n²) per response.
 """
 
 from typing import Final

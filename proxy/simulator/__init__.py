@@ -1,9 +1,10 @@
 """A faithful stand-in for NVIDIA TensorRT-LLM's `trtllm-serve` serving gpt-oss — no GPU needed.
 
-It is how the proxy is run, shown, tested and load-tested without a GPU (issue 4). A client
-pointed at it sees what it would see from an unpatched trtllm-serve, the `/v1/responses`
-streaming defect included (trtllm-serve.md §1), and the proxy in front of it gets the token-id
-`/v1/completions` stream it repairs from (§2).
+It is how the proxy is run, shown, tested and load-tested without a GPU. A client pointed at it
+sees what it would see from an unpatched trtllm-serve, the `/v1/responses` streaming defect
+included (only the last token's text of each engine output is streamed, message boundaries
+inside an output are missed), and the proxy in front of it gets the token-id `/v1/completions`
+stream (`detokenize: false`) it repairs from.
 
 Theory of operation
 -------------------

@@ -12,7 +12,7 @@ Text comes from an incremental detokenizer that holds back the bytes of a charac
 across tokens until it is complete (what HF's `decode_incrementally` does), and leaves out
 special tokens when `skip_special_tokens`.
 
-`logprobs: k` (builds from early 2026, trtllm-serve.md §6) gives, per chunk, `tokens` (each
+`logprobs: k` (builds from early 2026) gives, per chunk, `tokens` (each
 id decoded on its own: U+FFFD for part of a character), `token_logprobs` and `top_logprobs` —
 one `{decoded string: logprob}` dict per id — plus `text_offset`, all aligned with `token_ids`.
 A `top_logprobs` dict is laid out as upstream's (`create_completion_logprobs` over the PyTorch

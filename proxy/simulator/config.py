@@ -36,8 +36,8 @@ class SimulatorConfig:
     - `postprocess_workers`: model upstream's postprocess workers (the shipped configs use 4):
       Responses `sequence_number` restarts at 0 after the two opening events.
     - `max_seq_len`: prompt plus completion limit; without `max_tokens` a generation may run to it.
-    - `completion_logprobs`: `/v1/completions` answers `logprobs: k` (builds from early 2026,
-      trtllm-serve.md §6); False models an older build, which takes the field and returns
+    - `completion_logprobs`: `/v1/completions` answers `logprobs: k` (builds from early 2026);
+      False models an older build, which takes the field and returns
       `logprobs: null`.
     - `guided_decoding`: the server was started with a guided-decoding backend
       (`guided_decoding_backend: xgrammar`), so a `/v1/completions` `response_format` is

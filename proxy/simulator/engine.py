@@ -7,7 +7,7 @@ TensorRT-LLM's `GenerationResultBase._handle_sequence` (executor/result.py):
 
 - the end id `<|return|>` (200002, gpt-oss's EOS) ends it with `finish_reason: "stop"` and
   `stop_reason: null` (FinishReason.END_ID), unless `ignore_eos`; whether the token stays in
-  the ids is unverified upstream (`return_in_ids`, trtllm-serve.md §2);
+  the ids is not known for upstream, so both are modelled (`return_in_ids`);
 - an id in `stop_token_ids` ends it with `"stop"` and `stop_reason` = that id
   (FinishReason.STOP_WORDS); the id is cut from the ids unless `include_stop_str_in_output`;
 - `max_tokens` (default: what `max_seq_len` leaves after the prompt) ends it with `"length"`;

@@ -1,7 +1,8 @@
 """Guided decoding in the simulated engine: a structural-tag `response_format` as a text matcher.
 
 trtllm's `/v1/completions` turns `{"type": "structural_tag", "format": …}` into an xgrammar
-grammar that masks every token the format does not allow (trtllm-serve.md §6). The simulator
+grammar that masks every token the format does not allow (only on a server started with a
+guided-decoding backend; `SimulatorConfig.guided_decoding` models both). The simulator
 has no logits to mask, so it checks whole answers instead: `Constraint.accepts(text)` says
 whether the format matches the generated text (Harmony specials as their text, the end-of-
 sequence `<|return|>` left out: it is xgrammar's stop token, not grammar text), and the scripted

@@ -2,7 +2,7 @@
 
 The simulator renders `/v1/responses` prompts with the proxy's model of upstream
 (`proxy.harmony.request.prepare_request`), which deliberately serves some valid requests upstream
-gets wrong (issue 3, `tests/fixtures/trtllm-prompts/*.expected_fixed.json`). To behave like the
+gets wrong (`tests/fixtures/trtllm-prompts/*.expected_fixed.json`). To behave like the
 unpatched server, the simulator puts upstream's behaviour back, in upstream's order
 (`openai_responses` in openai_server.py, then `_construct_harmony_messages`: tools, then the
 input items in order):

@@ -1,8 +1,8 @@
 """Stored conversations as request bodies: what `previous_response_id` and `item_reference`
-mean, in plain data (issue 13). Sans-IO: the shell reads the store, these functions only
+mean, in plain data. Sans-IO: the shell reads the store, these functions only
 reshape dicts.
 
-The rule (OpenAI's, and the issue's): a request with `previous_response_id` is rendered
+The rule (OpenAI's): a request with `previous_response_id` is rendered
 **exactly as if the client had sent the whole history in `input`** — the chain's input and
 output items, oldest first, then the new input — while `instructions`, `tools`, `reasoning` and
 `text` come from the new request only. So the history is merged into a *body*, and that body
@@ -90,7 +90,7 @@ def history_items(chain: Sequence[tuple[Sequence[Any], Sequence[Any]]]) -> list[
 
 def merged_body(body: Mapping[str, Any], history: Sequence[Any]) -> dict[str, Any]:
     """`body` as if its client had sent `history` before its own input (module docstring).
-    `previous_response_id` and `conversation` (issue 16) are left out: the merged body stands
+    `previous_response_id` and `conversation` are left out: the merged body stands
     on its own."""
     new_input = body.get("input")
     if isinstance(new_input, str):

@@ -1,4 +1,4 @@
-"""Conversations as data (issue 16; OpenAI's Conversations API is the contract). Sans-IO: the
+"""Conversations as data (OpenAI's Conversations API is the contract). Sans-IO: the
 shell moves the bytes, these functions check requests and build answers.
 
 A conversation is one store entry (proxy/store/base.py): its document is the record below (id,

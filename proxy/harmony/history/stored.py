@@ -1,5 +1,6 @@
 """A stored response as data: its record, its event log, and what a reader makes of them
-(issue 13). Sans-IO: the shell moves the bytes, these functions only read and build.
+(`GET /v1/responses/{id}`, its replay, `previous_response_id`). Sans-IO: the shell moves the
+bytes, these functions only read and build.
 
 The record (`StoredResponse`, the store entry's document) holds the response object as last
 written — at its start (`in_progress`, or `queued` for background) and at its end (the terminal
@@ -111,7 +112,8 @@ def ended_events(
 ) -> list[dict[str, Any]]:
     """The events that end a stored response that can no longer end by itself (its runner is
     gone): the open item closed as incomplete with its done events, then `error` and
-    `response.failed`, numbered from `next_sequence` (contract rule 8: one terminal event)."""
+    `response.failed`, numbered from `next_sequence` (every stream ends with exactly one terminal
+    event)."""
     closing: list[dict[str, Any]] = []
     output = []
     for index, item in enumerate(response.get("output", [])):

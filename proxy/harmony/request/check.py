@@ -1,6 +1,6 @@
 """Typed reads of a parsed `/v1/responses` body: each returns the value or raises `ClientError`.
 
-The request side must be total (issue 3): whatever JSON a client sends, the only exception that
+The request side must be total: whatever JSON a client sends, the only exception that
 leaves `prepare_request` is `ClientError` with a 4xx status. These readers are the one place that
 turns a wrong value into that error, so every message has the same shape: the field path as
 OpenAI's `param` (`input[2].content[0].type`), the value (shortened), and what was expected.
@@ -30,8 +30,8 @@ MAX_DEPTH = 100
 _INT_MIN = -(2**63)  # orjson encodes signed and unsigned 64-bit integers, nothing wider
 _INT_MAX = 2**64 - 1
 _SHOWN_CHARS = 60
-#: Longest field path quoted in a message or `param` (issue 12: a 2 MB unknown key came back
-#: whole in the 400 body).
+#: Longest field path quoted in a message or `param`, so a client's 2 MB unknown key does not come
+#: back whole in the 400 body.
 _SHOWN_PATH = 200
 
 

@@ -7,10 +7,10 @@ chat-completions parameter such as `seed`, `stop` or `frequency_penalty` — is 
 answers it (fixture d25). An unknown key inside an object (`reasoning.efort`) is refused the
 same way (request/shapes.py). An explicit null means "unset", as on the OpenAI wire.
 
-No field is ignored silently (issue 14; README "Request fields" has the table): each is honoured
+No field is ignored silently (docs/request-fields.md has the table): each is honoured
 (sampling, reasoning effort, instructions, tools, text format, tool_choice, include, truncation;
-`store`, `background`, `previous_response_id` and `conversation` through the response store of
-the shell, issues 13 and 16), honoured as OpenAI's spec defines it where that is all it asks
+`store`, `background`, `previous_response_id` and `conversation` through the shell's response
+store), honoured as OpenAI's spec defines it where that is all it asks
 (`service_tier`: the response names the tier used; `max_tool_calls`: no built-in tool ever runs
 here), echoed where it only labels the response (`metadata`, `user`, `safety_identifier`,
 `prompt_cache_key`, …), or refused with a 400 naming it where honouring it is impossible and
@@ -93,7 +93,7 @@ RESPONSES_FIELDS = frozenset(
 #: Fields real clients add (Codex: client_metadata) and upstream's own ResponsesRequest extras.
 EXTRA_FIELDS = frozenset({"client_metadata", "thinking_token_budget", "request_id"})
 
-# Accepted, and moot here (README "Request fields"): only their JSON kind is checked.
+# Accepted, and moot here (docs/request-fields.md): only their JSON kind is checked.
 _MOOT_OBJECTS = ["background_options", "image", "client_metadata"]
 #: Refused when set (module doc): what each would need that the proxy does not have.
 _REFUSED = {
@@ -209,7 +209,7 @@ def read_fields(value: Any) -> Fields:
         effort=effort,
         reasoning=reasoning,
         tool_choice=_read_tool_choice(present(body, "tool_choice")),
-        # OpenAI's default is true (upstream echoes false; issue 14). gpt-oss stops at its first
+        # OpenAI's default is true (upstream echoes false). gpt-oss stops at its first
         # call (`<|call|>` is a stop token), so at most one call per response either way.
         parallel_tool_calls=_optional(body, "parallel_tool_calls", want_bool) is not False,
         temperature=_number(body, "temperature", 2.0),
@@ -306,7 +306,7 @@ def _read_reasoning(value: Any) -> tuple[str | None, dict[str, Any] | None]:
         # Any string per the spec; gpt-oss has one mode, so any other is unsupported.
         want_choice(mode, at("reasoning", "mode"), ("standard",))
     # Echoed as upstream echoes the openai `Reasoning` model: its fields in order, then extras;
-    # `mode` only when set (OpenAI's spec gives it no null; issue 14).
+    # `mode` only when set (OpenAI's spec gives it no null).
     echo: dict[str, Any] = dict.fromkeys(
         ("context", "effort", "generate_summary", "mode", "summary")
     )
@@ -341,7 +341,7 @@ def _read_safety_identifier(value: Any) -> str | None:
 
 
 def _read_cache_options(value: Any) -> None:
-    """`prompt_cache_options` (checked; caching is automatic here: README "Request fields")."""
+    """`prompt_cache_options` (checked; caching is automatic here and cannot be steered)."""
     if value is None:
         return
     options = want_object(value, "prompt_cache_options")
@@ -361,7 +361,8 @@ def _read_stream_options(value: Any) -> None:
 
 
 def _read_tool_choice(value: Any) -> str | dict[str, Any]:
-    """`tool_choice` does not change upstream's prompt (trtllm-serve.md §3): checked and echoed."""
+    """`tool_choice` does not change upstream's prompt: checked and echoed (request/guided.py
+    enforces it)."""
     if value is None:
         return "auto"
     if isinstance(value, str):

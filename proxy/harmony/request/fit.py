@@ -1,4 +1,4 @@
-"""`truncation`: the prompt and `max_output_tokens` within the model's context (issue 14).
+"""`truncation`: the prompt and `max_output_tokens` within the model's context.
 
 The prompt plus the tokens asked for (`max_output_tokens`, else at least one) must fit in the
 model's context, `max_prompt_tokens` (a setting; 131,072 for gpt-oss). When they do not:
@@ -12,7 +12,7 @@ model's context, `max_prompt_tokens` (a setting; 131,072 for gpt-oss). When they
 
 Efficiency: the conversation is rendered once; only when it does not fit is each input message
 rendered on its own, once, for its length. Harmony renders messages one by one with nothing
-carried between them for the messages `request_items` builds (request/prefix.py explains why),
+carried between them for the messages request/items.py builds (request/prefix.py explains why),
 so a kept suffix is as long as the sum of its messages and the first cut found fits; the result
 is rendered once more, and checked.
 """

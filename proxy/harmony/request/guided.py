@@ -1,12 +1,13 @@
-"""`tool_choice` as guided decoding: which message headers gpt-oss may write (issue 14).
+"""`tool_choice` as guided decoding: which message headers gpt-oss may write.
 
-Upstream renders the same prompt whatever `tool_choice` says (trtllm-serve.md §3), so nothing in
-the prompt stops gpt-oss from calling a tool under `"none"` or calling another one than the named
-function. What can stop it is the engine: trtllm's `/v1/completions` takes `response_format`
-`{"type": "structural_tag", "format": <xgrammar structural-tag format>}` (validated by xgrammar's
-`Format` model, compiled with `GuidedDecodingParams(structural_tag=...)`; trtllm-serve.md §6),
-the mechanism `text.format` already uses (request/text.py). The constraint here is on the
-*headers* gpt-oss writes; message bodies stay free text:
+Upstream renders the same prompt whatever `tool_choice` says (its Responses path leaves it out of
+the prompt), so nothing in the prompt stops gpt-oss from calling a tool under `"none"` or calling
+another one than the named function. What can stop it is the engine: trtllm's `/v1/completions`
+takes `response_format` `{"type": "structural_tag", "format": <xgrammar structural-tag format>}`
+(validated by xgrammar's `Format` model, compiled with `GuidedDecodingParams(structural_tag=...)`;
+applied only by a server started with a guided-decoding backend, ignored silently by one
+without), the mechanism `text.format` already uses (request/text.py). The constraint here is on
+the *headers* gpt-oss writes; message bodies stay free text:
 
     sequence[ HEADER,
               triggered_tags(triggers=["<|start|>"],
@@ -165,7 +166,7 @@ def _allowed(choice: str | dict[str, Any], toolset: ToolSet) -> tuple[bool | Non
         if not every:
             fail("tool_choice", choice, "'required' needs at least one function tool in 'tools'")
         return False, every
-    assert isinstance(choice, dict)  # request_fields checked the shape
+    assert isinstance(choice, dict)  # request/fields.py checked the shape
     kind = choice["type"]
     if kind in _UNSERVABLE:
         fail(

@@ -14,7 +14,7 @@ Each item renders as upstream's `_parse_response_input` (trtllm `responses_utils
 - `reasoning`: an assistant message (no channel) holding the reasoning text.
 
 Where upstream wrongly rejects or drops valid input, we render the equivalent shape it accepts
-(issue 3, `*.expected_fixed.json`):
+(the prompts are in `tests/fixtures/trtllm-prompts/*.expected_fixed.json`):
 
 - `function_call_output` also finds its call among the earlier `function_call` items of the same
   input, newest first (upstream only searches the previous response; fixture d13);
@@ -26,10 +26,10 @@ Where upstream wrongly rejects or drops valid input, we render the equivalent sh
 - a call or output carrying `namespace` NS (a Codex namespace tool) uses `NS.NAME` instead of
   `functions.NAME`: the recipient the model wrote;
 - `item_reference` items are replaced by the stored items they name before rendering (the
-  shell resolves them from the response store, issue 13, and answers 404 for an unknown id or
+  shell resolves them from the response store, and answers 404 for an unknown id or
   400 when the store is off); one that reaches the renderer is skipped;
 - a `reasoning` item with `encrypted_content` the proxy sealed (include
-  `reasoning.encrypted_content`, issue 14) is opened and renders exactly as the plain item with
+  `reasoning.encrypted_content`) is opened and renders exactly as the plain item with
   those text parts; one that does not open (altered, foreign, old key) is a 400;
 - a `refusal` part renders its refusal text.
 
@@ -97,7 +97,7 @@ def input_messages(
 
 
 def check_items(value: Any, path: str, keys: ReasoningKeys | None = None) -> list[Any]:
-    """Validate items kept to be rendered later — a conversation's (issue 16) — exactly as
+    """Validate items kept to be rendered later — a conversation's — exactly as
     `input_messages` validates them, but for one thing: a `function_call_output` may answer a
     call kept earlier (in the conversation), so its `call_id` is not looked up here; the render
     of the whole conversation does that."""

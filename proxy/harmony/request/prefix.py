@@ -21,7 +21,7 @@ which equals the one-piece render. Why, from openai-harmony 0.0.8 (`src/encoding
   `SystemContent` reads it (it adds "Calls to these tools must go to the commentary channel:
   'functions'."). So the system message depends on the developer message — they are rendered and
   cached as a pair — and the split is exact only while the inputs hold neither content kind:
-  `render_prompt` checks that every input content is a `TextContent` (request_items builds
+  `render_prompt` checks that every input content is a `TextContent` (request/items.py builds
   nothing else) and renders in one piece otherwise.
 - `auto_drop_analysis` drops analysis messages before the first `final` one when the last
   assistant message is `final`. The system and developer messages have no channel and are not

@@ -13,8 +13,8 @@ Role.ASSISTANT)` in trtllm's `responses_utils.py`):
 (request/prefix.py: given a `PrefixCache`, the system + developer ids of an agent are rendered
 once and reused, token for token the same) and builds the `/v1/completions` body that asks
 upstream for the generated token ids of that prompt with the sampling upstream's Responses path
-would use (trtllm-serve.md §2-3). Only fields trtllm's `CompletionRequest` knows go into that
-body: it forbids unknown fields.
+would use (its stop tokens `<|return|>` and `<|call|>`, kept in the output). Only fields trtllm's
+`CompletionRequest` knows go into that body: it forbids unknown fields.
 
 Sans-IO: no I/O, no logging. Prompts are never put into error messages beyond a short excerpt of
 the offending value.
@@ -57,11 +57,11 @@ class PreparedRequest:
     - `namespaces`: names of declared `namespace` tools (without `functions`): a call the model
       addresses to `NS.fn` becomes a function call `fn` in namespace `NS`.
     - `function_names`: names of the tools in the default `functions` namespace.
-    - `store`: the request's `store` (default true), for the response store of a later issue.
+    - `store`: the request's `store` (default true): whether the shell keeps the response.
     - `sealed_reasoning`: the request includes `reasoning.encrypted_content`: reasoning items
       carry their text sealed (reasoning_seal.py).
     - `top_logprobs`: the request includes `message.output_text.logprobs`: output text carries
-      token logprobs with this many alternatives each (None: no logprobs; issue 15).
+      token logprobs with this many alternatives each (None: no logprobs).
     - `constraint`: what `tool_choice` and `text.format` demand of the output (constraint.py;
       None: nothing). `completion_body` carries its guided decoding as `response_format`,
       which only an upstream with a guided-decoding backend enforces.
@@ -80,7 +80,7 @@ class PreparedRequest:
     constraint: OutputConstraint | None = None
 
 
-#: The include that asks for token logprobs (issue 15).
+#: The include that asks for token logprobs.
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
 
@@ -157,7 +157,8 @@ def prepare_request(
         "model": fields.model,
         "prompt": prompt,
         "stream": True,
-        "detokenize": False,  # token ids are the only source of truth (trtllm-serve.md §2)
+        # Token ids are the only source of truth: upstream's text cannot be mapped back to ids.
+        "detokenize": False,
         "max_tokens": fields.max_output_tokens,
         "temperature": fields.temperature,
         "top_p": fields.top_p,
@@ -196,7 +197,7 @@ def prepare_request(
 
 def _echo(fields: Fields, toolset: ToolSet, text: dict[str, Any]) -> dict[str, Any]:
     """The response object's request-echo fields, as upstream's `ResponsesResponse.from_request`
-    with OpenAI's echo where it differs (issue 14): `store` echoed, `service_tier` the tier used
+    with OpenAI's echo where it differs: `store` echoed, `service_tier` the tier used
     (set by `response_object`), no null where the spec's type has none."""
     return {
         "instructions": fields.instructions,

@@ -5,8 +5,8 @@ item and its content parts, a tool, `tool_choice`, `conversation`, `prompt_cache
 `stream_options`, … — is refused as an unknown top-level field is: a 400 `unknown_parameter`
 naming its dotted path (`reasoning.k…`, at most 200 characters of it). Accepted, it would carry
 a client's bytes into the response object, whose echo holds only what OpenAI's spec defines,
-and hide a typo (`reasoning.efort`) behind a default. `request_check.check_shape` walks a value
-with its node here; the readers (request_fields/items/tools/text) check the values.
+and hide a typo (`reasoning.efort`) behind a default. `check.check_shape` walks a value
+with its node here; the readers (request/fields.py, items.py, tools.py, text.py) check the values.
 
 Each `Shape` lists `keys`, the properties OpenAI's OpenAPI description (2.3.0) gives the
 component schemas in `spec`; `extra`, the keys real clients send that the spec lacks — fields

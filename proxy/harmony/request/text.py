@@ -18,7 +18,7 @@ exclude_none=True))`, the very call the Responses path makes, so the engine gets
 `text.format` of type `text` means no constraint. gpt-oss has no verbosity control: `text.verbosity`
 "medium" (the default) is echoed, "low" and "high" are a 400, as OpenAI answers for such a model.
 
-The echo is what OpenAI's spec and its own responses show (issue 14): the plain-text format when
+The echo is what OpenAI's spec and its own responses show: the plain-text format when
 none is given (`{"format": {"type": "text"}}`), and no key for a value the request left unset
 where the spec's type has no null (`verbosity`, a json_schema format's `description`).
 """
@@ -85,7 +85,7 @@ def read_text(value: Any) -> TextConfig:
     text = want_object(value, "text")
     verbosity = present(text, "verbosity")
     if verbosity is not None and want_choice(verbosity, "text.verbosity", _VERBOSITIES) != "medium":
-        # OpenAI's answer for a model without verbosity control (issue 14): not ignored.
+        # OpenAI's answer for a model without verbosity control: refused, not ignored.
         fail(
             "text.verbosity",
             verbosity,

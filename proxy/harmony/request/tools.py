@@ -3,7 +3,7 @@
 Upstream (`_get_developer_message` in trtllm's `responses_utils.py`) renders `function` tools as
 `ToolDescription.new(name, description, parameters)` in the `functions` namespace
 (`with_function_tools`), skips `web_search_preview` and `code_interpreter`, and answers 400 for
-any other type. On top of that (issue 3):
+any other type. Where upstream wrongly rejects valid tools, we render what it would accept:
 
 - a function tool without `description` is rendered with `""` (upstream 400s: openai-harmony's
   `ToolDescription` requires a string); openai-harmony then writes no `//` comment line for it;
@@ -60,7 +60,7 @@ SKIPPED_TYPES = frozenset(
 )
 
 #: In an echo table: the key is left out while the request leaves it unset (OpenAI's spec gives it
-#: no null and no default; issue 14).
+#: no null and no default).
 _UNSET: Any = object()
 
 # The echo of each tool type: exactly the fields OpenAI's spec defines for it, in the field
@@ -223,7 +223,7 @@ def _add_member(
     strict = present(tool, "strict")
     if strict is not None:
         want_bool(strict, at(path, "strict"))
-    # Missing description → "" (issue 3, fixture d28.expected_fixed): no `//` line is rendered.
+    # Missing description → "" (fixture d28.expected_fixed): no `//` line is rendered.
     entry = ToolDescription.new(name=name, description=description or "", parameters=parameters)
     _, tools = grouped.setdefault(namespace, (namespace_description, []))
     tools.append(entry)

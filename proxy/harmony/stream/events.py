@@ -1,9 +1,9 @@
 """Responses stream events and output items, built as plain dicts ready for orjson.
 
-One builder per wire type of `responses-stream-contract.md`; the shapes satisfy openai-python's
-strict event models (`sequence_number` everywhere, `logprobs` lists on text events, `status` on
-every item, `summary` on reasoning items). Sequence numbers are stamped by `EventLog`, the single
-place that counts them (contract rule 2: dense from 0, never restarting).
+One builder per wire type of the Responses stream; the shapes satisfy openai-python's strict
+event models (`sequence_number` everywhere, `logprobs` lists on text events, `status` on every
+item, `summary` on reasoning items). Sequence numbers are stamped by `EventLog`, the single
+place that counts them: dense from 0, never restarting.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ DELTA_TYPE = {
 }
 
 #: Every item-level event type the core emits (what `RepairRecord.recovered_events` counts); the
-#: metrics export each at zero from start-up (issue 12, item 8).
+#: metrics export each at zero from start-up, so alerts and rates never start from "no data".
 ITEM_EVENT_TYPES = (
     "response.output_item.added",
     "response.output_item.done",
@@ -84,7 +84,7 @@ def reasoning_item(
 
 
 def output_text_part(text: str, logprobs: list[Any] | None = None) -> dict[str, Any]:
-    """An `output_text` part; `logprobs` its tokens' entries when asked (issue 15)."""
+    """An `output_text` part; `logprobs` its tokens' entries when asked."""
     return {
         "type": "output_text",
         "text": text,
@@ -153,7 +153,7 @@ def web_search_action(recipient: str, arguments: str | None) -> dict[str, Any]:
     if operation == "find":
         return {"type": "find_in_page", "pattern": text("pattern") or "", "url": text("url") or ""}
     # `query` only when known; `queries`/`sources` never (we run no search): OpenAI's spec gives
-    # these no null (issue 14).
+    # these no null.
     query = text("query")
     return {"type": "search"} if query is None else {"type": "search", "query": query}
 
@@ -206,8 +206,8 @@ def part_done(output_index: int, item_id: str, part: dict[str, Any]) -> Event:
 def delta(
     kind: str, output_index: int, item_id: str, text: str, logprobs: list[Any] | None = None
 ) -> Event:
-    """A text delta of an item of type `kind` (rule 5: deltas concatenate to the done text);
-    `logprobs` the entries of its tokens when asked (issue 15)."""
+    """A text delta of an item of type `kind` (deltas concatenate to the done text);
+    `logprobs` the entries of its tokens when asked."""
     if kind == MESSAGE:
         return {
             "type": "response.output_text.delta",
@@ -242,7 +242,7 @@ def text_done(
     logprobs: list[Any] | None = None,
 ) -> Event:
     """`output_text.done`, `reasoning_text.done` or `function_call_arguments.done` (which names
-    the function: required by OpenAI's spec, issue 14); `logprobs` as on `delta`."""
+    the function: required by OpenAI's spec); `logprobs` as on `delta`."""
     if kind == MESSAGE:
         return {
             "type": "response.output_text.done",

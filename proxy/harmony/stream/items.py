@@ -1,6 +1,6 @@
 """Output items: which item a Harmony message becomes, and each item's event lifecycle.
 
-One Harmony message is one output item (contract rule 1). `classify` decides the item from the
+One Harmony message is one output item. `classify` decides the item from the
 completed header; `OpenItem` then owns that item's events from `output_item.added` to
 `output_item.done`, so the lifecycle of every item type lives in this one file.
 """
@@ -68,15 +68,15 @@ class OpenItem:
         self.name = name
         self.namespace = namespace
         self.call_id = call_id
-        self.seal = seal  # reasoning: `encrypted_content` of the done item (issue 14)
+        self.seal = seal  # reasoning: `encrypted_content` of the done item
         # Text as it went out: one string per flush, compacted, so an open stream holds a few
-        # strings rather than one small object per token (memory per stream, issue 7).
+        # strings rather than one small object per token (memory per open stream).
         self.chunks: list[str] = []
         self.pending: list[str] = []  # deltas since the last flush
         self.text_tokens = 0  # tokens that gave text: one delta each at one delta per token
         self.tokens = 0
         self.done_item: ev.Item = {}
-        # Logprob entries of the item's tokens (issue 15; None: not asked, or not a message):
+        # Logprob entries of the item's tokens (None: not asked, or not a message):
         # `sent` of them went out with deltas; the last `held` wait for the delta that shows
         # their bytes (a character split across tokens, held back by the parser).
         self.logprobs: list[Entry] | None = [] if logprobs and kind == ev.MESSAGE else None
@@ -149,7 +149,7 @@ class OpenItem:
         return None  # function and web search calls have no content parts
 
     def opening_events(self) -> Iterator[ev.Event]:
-        """`output_item.added` (+ `content_part.added`): contract rule 3."""
+        """`output_item.added` (+ `content_part.added`): before the item's first delta."""
         yield ev.item_added(self.output_index, self._item(None, "in_progress"))
         if self.kind == ev.WEB_SEARCH_CALL:
             yield ev.web_search_event("in_progress", self.output_index, self.item_id)
@@ -158,7 +158,8 @@ class OpenItem:
             yield ev.part_added(self.output_index, self.item_id, part)
 
     def closing_events(self, status: str) -> Iterator[ev.Event]:
-        """Every done event of the item, in the contract's order (rule 4); sets `done_item`."""
+        """Every done event of the item, in the stream's order (all of them before anything of the
+        next item); sets `done_item`."""
         text = self.text
         entries = self._settle()
         if self.kind == ev.WEB_SEARCH_CALL:
@@ -184,8 +185,8 @@ def classify(
 ) -> OpenItem:
     """The item a completed assistant header opens; `seal` seals the text of reasoning items
     (None: `encrypted_content` stays null); `logprobs`: its answer's message items collect
-    logprob entries (issue 15; reasoning, function-call arguments and preambles carry none, as
-    on OpenAI — the issue's rule):
+    logprob entries (reasoning, function-call arguments and preambles carry none, as on
+    OpenAI):
 
     analysis, no recipient              → reasoning item (`reasoning_text` part)
     final / commentary, no recipient    → message (phase final_answer / commentary, a preamble)
@@ -224,7 +225,7 @@ def classify(
             COMMENTARY_CHANNEL,
             output_index,
             ids("msg"),
-            phase="commentary",  # a preamble: no logprobs (issue 15)
+            phase="commentary",  # a preamble: no logprobs
         )
     # final, and a message without a channel: the answer.
     return OpenItem(ev.MESSAGE, FINAL_CHANNEL, output_index, ids("msg"), logprobs=logprobs)

@@ -1,4 +1,4 @@
-"""Token logprobs of output text (issue 15): upstream's per-token values, our tokens' text.
+"""Token logprobs of output text: upstream's per-token values, our tokens' text.
 
 With `include: ["message.output_text.logprobs"]` the shell asks upstream's `/v1/completions`
 for `logprobs: max(1, top_logprobs)` and hands the core each frame's values with its ids

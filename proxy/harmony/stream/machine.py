@@ -4,7 +4,7 @@
 class owns what happens per token: every token goes through the Harmony parser, message
 boundaries are read from the token ids (the states mirror the parser's, see repair.py), a
 completed header opens an item (`items.classify`), content becomes its deltas, an end token
-closes it. Malformed output is counted and survived here (house-style principle 4); where our
+closes it. Malformed output is expected input: counted and survived here, never raised; where our
 parse departs from upstream's, the recovery accounting is told (`_departed`). When the request
 constrains the output (constraint.py), each completed header and each final answer's end is
 checked; the first violation is kept and raises `Violated`, which stops the frame (repair.py).
@@ -64,7 +64,7 @@ class TokenMachine:
     _tally: Tally
     _malformed: Counter[str]
     _recovery: RecoveryAccounting | None
-    #: Logprobs (issue 15): None unless asked; then the frame's values, aligned with its ids,
+    #: Logprobs: None unless asked; then the frame's values, aligned with its ids,
     #: and the position in the frame of the token `_token` is given.
     _logprobs: Logprobs | None
     _values: Sequence[float]
@@ -139,8 +139,9 @@ class TokenMachine:
 
     def _text(self, token_ids: Sequence[int], position: int) -> int:
         """The open item's plain text tokens from `position` on, in one call: the hot path, most
-        tokens of a response (issue 17). Returns the position of the first token it leaves to
-        `_token` (an end, <|start|>, a token the parser's fast path does not take), or the end."""
+        tokens of a response, so one parser call per run of text. Returns the position of the
+        first token it leaves to `_token` (an end, <|start|>, a token the parser's fast path
+        does not take), or the end."""
         item = self._open
         assert item is not None  # CONTENT always has an open item
         pending = item.pending

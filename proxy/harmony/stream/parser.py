@@ -1,4 +1,4 @@
-"""openai-harmony's `StreamableParser(role=assistant)`, fast on what gpt-oss writes (issue 17).
+"""openai-harmony's `StreamableParser(role=assistant)`, fast on what gpt-oss writes.
 
 Theory of operation
 -------------------

@@ -1,8 +1,8 @@
-"""What one response's repair did, as data (house-style principle 3): metrics and logs read it.
+"""What one response's repair did, as data: metrics and logs read it, the core never counts.
 
 `Tally` counts while the stream runs (cheap: per item and per event, not per token);
 `RepairRecord` is its frozen summary, including what the unpatched upstream would have lost
-for the same chunks (issue 2's definition):
+for the same chunks, defined as:
 
 - `recovered_events[type]`: events of that type in the repaired stream counted at one delta per
   token, minus those the unpatched stream carries, floored at zero;
@@ -29,7 +29,7 @@ from proxy.harmony.stream.items import (
 )
 
 #: Every kind of malformed model output the core counts (the keys of `RepairRecord.malformed`);
-#: the metrics export each at zero from start-up (issue 12, item 8).
+#: the metrics export each at zero from start-up, so alerts and rates never start from "no data".
 MALFORMED_KINDS = (
     "missing_end",
     "token_outside_message",

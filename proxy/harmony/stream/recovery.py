@@ -1,5 +1,5 @@
 """The recovery accounting: what the unpatched upstream would have sent for the frames the core
-parsed, counted from the core's own parse (issue 17, item 2).
+parsed, counted from the core's own parse.
 
 Theory of operation
 -------------------
@@ -66,7 +66,8 @@ class RecoveryAccounting:
     accepted message end and `diverged()` where it fed its parser something upstream's would not
     have seen; `frame()` at the end of each `feed`; `finish()` on a normal finish; and
     `account()` whenever the counts must be up to date. `derive=False` runs the full model from
-    the first frame (the accounting before issue 17; kept for tests and benchmarks).
+    the first frame (a second parser per token: the reference the derived counts are tested
+    against, and a benchmark row).
     """
 
     __slots__ = (

@@ -10,7 +10,7 @@ the events to write, as plain dicts; `record()` returns what happened, as data.
 Every token goes through a Harmony parser (`parser.HarmonyParser`: openai-harmony's
 `StreamableParser` rules, fast on well-formed output, openai-harmony's own parser otherwise), so
 its grammar decides what is header and what is content; runs of plain text go through in one
-call. The per-token machine is `stream_tokens.TokenMachine`. Message boundaries are read from
+call. The per-token machine is `machine.TokenMachine`. Message boundaries are read from
 the token ids, never from the parser's state (openai-harmony re-serialises its whole parser for
 that, O(n) per read). We mirror the parser's three states:
 
@@ -21,13 +21,13 @@ that, O(n) per read). We mirror the parser's three states:
 The first message starts in HEADER: upstream's prompt ends in `<|start|>assistant`.
 
 At `<|message|>` the header is complete: channel, recipient and role are read once and the
-message becomes an output item (`items.classify`; contract rule 3: announced as soon as its
-header is complete).
+message becomes an output item (`items.classify`), announced there: before its first delta,
+as soon as its header is complete.
 
 Content tokens become deltas (`last_content_delta`: the parser holds back the bytes of a
 multi-byte character until it is complete, so no delta carries a broken character). Within one
 `feed` the deltas of an item are coalesced into one event unless `coalesce_deltas` is off. An
-item's done text is the concatenation of its deltas, so they agree by construction (rule 5).
+item's done text is the concatenation of its deltas, so they agree by construction.
 
 A request that constrains the output (`tool_choice`, `text.format`; constraint.py) has it
 checked as it is parsed: a header the constraint forbids is never announced, a final answer is
@@ -36,7 +36,7 @@ returns the events up to it and no more; `violation` then says what broke, and t
 end the response with `fail(...)` (it also closes the upstream request: nothing after the
 violation is parsed). Until then `feed` and `finish` refuse to run.
 
-Malformed output is expected input (house-style principle 4). A token the parser rejects is
+Malformed output is expected input, never an exception. A token the parser rejects is
 dropped and counted by kind in the record; a header the parser rejects leaves the parser waiting
 for `<|start|>`, and we drop tokens until then without feeding them (no exception per token).
 Nothing already parsed is lost, and every stream still ends with exactly one terminal event.
@@ -116,7 +116,7 @@ class ResponseStream(TokenMachine):
         self._tally = Tally()
         self._malformed: Counter[str] = Counter()
         # What the unpatched upstream would have sent for the same frames, to account for what
-        # the repair recovered (issue 2), derived from this parse (recovery.py, issue 17). The
+        # the repair recovered, derived from this parse (recovery.py). The
         # counting runs in `account()`, which the shell calls after a frame's events are
         # written, so it is never on the latency path.
         self._compare = compare_unpatched
@@ -149,7 +149,7 @@ class ResponseStream(TokenMachine):
     ) -> list[ev.Event]:
         """Parse one upstream frame's token ids; return the events they complete.
 
-        When the context asks for logprobs (`top_logprobs` not None, issue 15), `logprobs` are
+        When the context asks for logprobs (`top_logprobs` not None), `logprobs` are
         upstream's values of the ids, one each, and `top_logprobs` its alternatives per id
         (None: none); without them here it is our misuse (`ValueError`): the shell fails the
         stream on a frame without them before it gets here.
@@ -194,7 +194,8 @@ class ResponseStream(TokenMachine):
         """End of generation: close what is open and send the one terminal event.
 
         Whether the stop token reached us or was cut from the ids does not matter: the open
-        item is closed here either way (trtllm-serve.md §2: never depend on the terminator).
+        item is closed here either way (whether upstream keeps `<|return|>` in the ids is not
+        known, so nothing depends on seeing the terminator).
         `output_tokens` overrides our count with upstream's usage when the shell has it.
         """
         self._require(_Phase.STREAMING, "finish")
@@ -233,8 +234,8 @@ class ResponseStream(TokenMachine):
 
     def fail(self, code: str, message: str) -> list[ev.Event]:
         """The stream cannot go on (upstream cut, bad frame, timeout, shutdown, the output broke
-        its constraint): close open items as incomplete, then `error` and `response.failed`
-        (contract rule 8)."""
+        its constraint): close open items as incomplete, then `error` and `response.failed`,
+        the stream's one terminal event."""
         self._require(_Phase.STREAMING, "fail", _Phase.VIOLATED)
         self._end_of_tokens()
         return self._fail(code, message, None)
@@ -242,7 +243,7 @@ class ResponseStream(TokenMachine):
     def cancel(self) -> list[ev.Event]:
         """The response was cancelled (`POST /v1/responses/{id}/cancel`, or its client went
         away): close open items as incomplete and end with `response.failed` carrying status
-        `cancelled` — OpenAI's event set has no `response.cancelled` (issue 13)."""
+        `cancelled` — OpenAI's event set has no `response.cancelled`."""
         self._require(_Phase.STREAMING, "cancel", _Phase.VIOLATED)
         self._end_of_tokens()
         if self._open is not None:
@@ -298,7 +299,7 @@ class ResponseStream(TokenMachine):
         if self._parse is HEADER and self._message_tokens and self._finish_reason != _LENGTH:
             self._malformed["incomplete_header"] += 1
         # The parser is not told of the end (`process_eos`): nothing reads it afterwards, and
-        # it costs ~75 µs for a 3,000-token answer (issue 17).
+        # it costs ~75 µs for a 3,000-token answer.
 
     def _fail(self, code: str, message: str, output_tokens: int | None) -> list[ev.Event]:
         if self._open is not None:

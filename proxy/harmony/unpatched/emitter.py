@@ -85,7 +85,7 @@ FINISH_STATUS: Final = {
 }
 
 # The event types of step 2 and 3, by the channel of the message they are about; shared with the
-# recovery accounting (`recovery.py`), which counts them without building the events.
+# recovery accounting (`stream/recovery.py`), which counts them without building the events.
 #: The delta of the last id, by the current message's channel; other channels stream nothing.
 DELTA_TYPES: Final = {
     "final": "response.output_text.delta",

@@ -8,7 +8,7 @@ non-streaming answer is an HTTP 400 and the stream breaks without a terminal eve
 
 Which item a message becomes, and whether the builder raises on it, depends on its header
 alone (`_item_kind`) except for a browser call, whose text must be a JSON object. The recovery
-accounting (`recovery.py`) uses that to know, from headers it already read, when a response's
+accounting (`stream/recovery.py`) uses that to know, from headers it already read, when a response's
 terminal event is certain and when only the builder itself can tell (`may_fail`).
 """
 
