@@ -281,15 +281,17 @@ def test_stream_memory_compares_the_store_on_and_off() -> None:
 
 
 def test_scale_run_ends_every_stream_and_reads_the_memory() -> None:
-    output = bench("scale.py", "--streams", "30", "--tokens", "40")
+    output = bench("scale.py", "--streams", "30", "--tokens", "40", "--token-ms", "2")
     table = rows(output)
     for path in ("direct", "proxy"):
         assert table[path][:2] == ["30", "30"], output  # all terminal
         assert table[path][-1] == "0", output
         assert int(table[path][3]) > 0, output  # frames timed
-    assert "all streams terminal: yes (30/30)" in output
-    assert re.search(r"added per-frame p99: [+-][0-9.]+ ms, target ≤ 5.0 ms: (met|MISSED)", output)
-    assert re.search(r"proxy PSS MB idle / peak: [0-9]+ / [0-9]+, (within|OVER)", output)
+    assert "proxy: all streams terminal: yes (30/30)" in output
+    assert re.search(
+        r"proxy: added per-frame p99: [+-][0-9.]+ ms, target ≤ 5.0 ms: (met|MISSED)", output
+    )
+    assert re.search(r"proxy: PSS MB idle / peak: [0-9]+ / [0-9]+, (within|OVER)", output)
 
 
 def test_store_workers_measures_one_and_two_processes_and_no_store() -> None:

@@ -81,8 +81,12 @@ class StoreWriter:
         #: reused while it is listed (a new source must never wait for an old one's interval).
         self._taken: dict[int, tuple[float, Source]] = {}
         self._forgotten_at = 0.0
-        #: Sources a `flush` waits for: taken in the next batch whatever their interval.
+        #: Pending sources to take in the next batch whatever their interval: new ones, and
+        #: those a `flush` waits for.
         self._forced: set[int] = set()
+        #: When the first deferred source is due (the pending ones are scanned only then, not
+        #: every window: thousands of streams would make each batch cost a scan of them all).
+        self._first_due = 0.0
         self._urgent = asyncio.Event()  # someone waits in flush(): no window
         #: Whether the last batch was applied: while it is not, callers do not wait on the
         #: store (a hung store would hold every stream's end for the full timeout).
@@ -107,6 +111,8 @@ class StoreWriter:
             self._on_error(StoreError("the store's write backlog is full"), 1, True)
             return False
         self._pending[id(source)] = source
+        if id(source) not in self._taken:
+            self._forced.add(id(source))  # new (or forgotten): taken at once
         self._wake.set()
         return True
 
@@ -137,22 +143,36 @@ class StoreWriter:
                 key: seen for key, seen in self._taken.items() if now - seen[0] < FORGET_AFTER
             }
         due: list[Source] = []
-        later: dict[int, Source] = {}
-        first = float("inf")
-        for key, source in self._pending.items():
-            last = self._taken.get(key)
-            if self._closing or key in self._forced or last is None:
-                due.append(source)
-            elif now - last[0] >= self._interval:
-                due.append(source)
-            else:
-                later[key] = source
-                first = min(first, last[0] + self._interval)
-        self._pending = later
+        if now < self._first_due and not self._closing:
+            # nothing deferred is due yet: only the forced ones
+            for key in self._forced:
+                source = self._pending.pop(key, None)
+                if source is not None:
+                    due.append(source)
+            first = self._first_due
+        else:
+            later: dict[int, Source] = {}
+            first = float("inf")
+            for key, source in self._pending.items():
+                last = self._taken.get(key)
+                if (
+                    self._closing
+                    or key in self._forced
+                    or last is None
+                    or now - last[0] >= self._interval
+                ):
+                    due.append(source)
+                else:
+                    later[key] = source
+                    first = min(first, last[0] + self._interval)
+            self._pending = later
+            self._first_due = first
         self._forced.clear()
         for source in due:
             self._taken[id(source)] = (now, source)
-        return due, first
+        if due:  # their next writes are due an interval from now
+            self._first_due = min(self._first_due, now + self._interval)
+        return due, min(first, self._first_due)
 
     async def _run(self) -> None:
         while True:
@@ -166,7 +186,7 @@ class StoreWriter:
                 if self._closing and not self._pending:
                     return
                 if self._pending:  # none due yet: sleep until the first is (or a flush)
-                    await self._until_urgent(first - self._monotonic())
+                    await self._until_urgent(min(first - self._monotonic(), self._interval))
                     self._wake.set()
                 continue
             flushed, self._flushed = self._flushed, None
