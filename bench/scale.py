@@ -11,8 +11,8 @@ forward pass per token): 160 ms per token is 25,000 tokens/s in all, about what 
 gpt-oss-120b server makes at a large batch; 2 ms per token (the other benchmarks' pace)
 would be 2 million tokens/s, ten cores' worth of proxy, not this machine's two. Two phases,
 one after the other, with the same streams: *direct* (all `--streams` at once straight to the
-simulator's /v1/completions), then *proxy* (all at once to /v1/responses). Every read of a frame is timed
-against the moment the simulator handed that frame's engine output to its server (an ASGI
+simulator's /v1/completions), then *proxy* (all at once to /v1/responses). Every read of a
+frame is timed against the moment the simulator handed that frame's engine output to its server (an ASGI
 wrapper; one monotonic clock for all processes), so "per-frame" is the time a frame spent
 between the simulator and the client; "added" is the proxy's quantile minus the direct one.
 
