@@ -4,24 +4,24 @@
                                     [--limit-mib 1024] [--before DIR] [--setting NAME=VALUE ...]
 
 One `python -m proxy serve --workers N` (production settings, the default embedded store, its
-`max_concurrent_streams` raised to let every stream in), the simulator (`--token-ms` per token
-of each stream, `stream_interval` 20) and the load generator in this process, on uvloop. A GPU
-that holds 4,000 streams at once gives each a few tokens a second (its batch shares one
-forward pass per token): 160 ms per token is 25,000 tokens/s in all, about what one
-gpt-oss-120b server makes at a large batch; 2 ms per token (the other benchmarks' pace)
-would be 2 million tokens/s, ten cores' worth of proxy, not this machine's two. Two phases,
-one after the other, with the same streams: *direct* (all `--streams` at once straight to the
-simulator's /v1/completions), then *proxy* (all at once to /v1/responses). Every read of a
-frame is timed against the moment the simulator handed that frame's engine output to its server (an ASGI
-wrapper; one monotonic clock for all processes), so "per-frame" is the time a frame spent
-between the simulator and the client; "added" is the proxy's quantile minus the direct one.
+`max_concurrent_streams` raised to let every stream in), the simulator (`--token-ms` per token of
+each stream, `stream_interval` 20) and the load generator in this process, on uvloop. A GPU that
+holds 4,000 streams at once gives each a few tokens a second (its batch shares one forward pass per
+token): 160 ms per token is 25,000 tokens/s in all, about what one gpt-oss-120b server makes at a
+large batch; 2 ms per token (the other benchmarks' pace) would be 2 million tokens/s, ten cores'
+worth of proxy, not this machine's two. Two phases, one after the other, with the same streams:
+*direct* (all `--streams` at once straight to the simulator's /v1/completions), then *proxy* (all
+at once to /v1/responses). Every read of a frame is timed against the moment the simulator handed
+that frame's engine output to its server (an ASGI wrapper; one monotonic clock for all processes),
+so "per-frame" is the time a frame spent between the simulator and the client; "added" is the
+proxy's quantile minus the direct one.
 
 Printed: streams that ended with their terminal event (`response.completed`; direct: the final
-chunk and `[DONE]`), errors by kind, per-frame p50 / p99 / max, the proxy tree's PSS (MB) idle
-and at its most (sampled every 0.5 s), against `--limit-mib` (the memory limit of the proxy
-container in deploy/kubernetes/base/deployment.yaml). Targets: every stream terminal, added
-per-frame p99 ≤ 5 ms, memory within the limit. `--before DIR`: a second proxy phase with another
-checkout's proxy, after this one's (each against the same direct phase).
+chunk and `[DONE]`), errors by kind, per-frame p50 / p99 / max, the proxy tree's PSS (MB) idle and
+at its most (sampled every 0.5 s), against `--limit-mib` (the memory limit of the proxy container
+in deploy/kubernetes/base/deployment.yaml). Targets: every stream terminal, added per-frame p99 ≤ 5
+ms, memory within the limit. `--before DIR`: a second proxy phase with another checkout's proxy,
+after this one's (each against the same direct phase).
 """
 
 from __future__ import annotations
