@@ -17,6 +17,10 @@ start-up, step by step — the imports `serve` makes, then each heavy package, t
 encoding (vocab tables), the app — reading its RSS and anonymous memory (`RssAnon`) after each
 step, with `tracemalloc`'s count of what Python itself allocated, and which of the proxy's
 modules the worker had imported that it may not need (the simulator, the demo, Redis).
+
+Part 3, what sharing would save: the same start-up in one interpreter, `gc.freeze()`, then a
+child forked from it that renders: the PSS, private and shared memory of both (a render worker,
+or a worker, forked after the start-up instead of started with `python -m`).
 """
 
 from __future__ import annotations
@@ -139,6 +143,49 @@ for label, code in json.loads({steps!r}):
 """
 
 
+#: Part 3, run in a fresh interpreter: what a child forked after the start-up costs.
+_FORK = """
+import gc, json, os, sys, time
+import proxy.server.processes.runner
+from proxy import vocab
+from proxy.harmony.request import prepare_request
+enc = vocab.load_encoding(vocab.ensure_vocab(os.environ))
+body = {"model": "m", "input": "Where is my order?"}
+prepare_request(body, enc)
+gc.freeze()
+def memory(pid):
+    found = {}
+    for line in open(f"/proc/{pid}/smaps_rollup"):
+        key = line.split(":")[0]
+        if key in ("Pss", "Private_Clean", "Private_Dirty", "Shared_Clean", "Shared_Dirty"):
+            found[key] = int(line.split()[1])
+    return found
+alone = memory(os.getpid())
+child = os.fork()
+if child == 0:
+    for _ in range(50):
+        prepare_request({**body, "input": "Where is my order? " * 20}, enc)
+    time.sleep(2)
+    os._exit(0)
+time.sleep(1.5)
+print(json.dumps({"alone": alone, "parent": memory(os.getpid()), "child": memory(child)}))
+os.waitpid(child, 0)
+"""
+
+
+def forked(root: Path) -> dict[str, dict[str, int]]:
+    """Part 3: PSS and private / shared memory (KB) of a process that imported the server,
+    loaded the encoding and rendered once, alone, then with a child forked from it that renders
+    (what a render worker or a worker forked after the start-up would cost)."""
+    result = subprocess.run(
+        [sys.executable, "-c", _FORK], cwd=root, capture_output=True, text=True, timeout=120
+    )
+    if result.returncode:
+        raise RuntimeError(result.stderr[-2000:])
+    found: dict[str, dict[str, int]] = json.loads(result.stdout)
+    return found
+
+
 def replay_steps(root: Path) -> tuple[list[dict[str, Any]], list[str]]:
     result = subprocess.run(
         [sys.executable, "-c", _child_script()],
@@ -224,6 +271,19 @@ def main() -> None:
         )
         loaded = [m for m in OPTIONAL if m in modules]
         print(f"loaded by the server's imports and create_app, needed only elsewhere: {loaded}")
+        print()
+        print(f"## {name}: a child forked after the start-up (gc.freeze first), MB")
+        fork = forked(root)
+        fork_rows = []
+        for who in ("alone", "parent", "child"):
+            got = fork[who]
+            private = got.get("Private_Clean", 0) + got.get("Private_Dirty", 0)
+            shared = got.get("Shared_Clean", 0) + got.get("Shared_Dirty", 0)
+            label = {"alone": "before the fork", "parent": "parent", "child": "forked child"}[who]
+            fork_rows.append(
+                [label, f"{got['Pss'] / 1024:.1f}", f"{private / 1024:.1f}", f"{shared / 1024:.1f}"]
+            )
+        print(harness.table(["process", "PSS", "private", "shared"], fork_rows))
 
 
 if __name__ == "__main__":

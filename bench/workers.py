@@ -127,6 +127,19 @@ async def scrape(port: int) -> dict[str, float]:
     return found
 
 
+async def settled(port: int) -> dict[str, float]:
+    """A scrape once the warm-up's last requests are counted (each is counted just after its
+    terminal event): two scrapes 50 ms apart that agree."""
+    last = await scrape(port)
+    for _ in range(40):
+        await asyncio.sleep(0.05)
+        now = await scrape(port)
+        if now == last:
+            return now
+        last = now
+    return last
+
+
 async def metrics_add_up(port: int, before: dict[str, float], run: Run) -> bool:
     """The `/metrics` deltas of completed requests and tokens equal what the clients got (the
     tokens of streams that did not complete are counted too: then at least what they got).
@@ -190,7 +203,7 @@ async def one_run(upstream: str, layout: Layout, args: argparse.Namespace) -> Ru
             await harness.stream(proxy.port, payload, keep_reads=False)
         reference = await harness.stream(proxy.port, payload, keep_reads=False)
         expected = _outcome(reference)
-        before = await scrape(proxy.port)
+        before = await settled(proxy.port)
         semaphore = asyncio.Semaphore(args.concurrency)
 
         async def client() -> None:

@@ -270,6 +270,10 @@ def test_idle_memory_splits_each_process_and_replays_the_start_up() -> None:
     # the vocab tables are anonymous memory the encoding's load adds
     assert float(table["load the Harmony encoding (vocab tables)"][2]) > 1, output
     assert re.search(r"idle PSS per worker, all its processes: [0-9.]+ MB", output)
+    # a child forked after the start-up shares most of it: its private memory is a fraction
+    pss, private, shared = (float(v) for v in table["forked child"])
+    assert 0 < private < shared, output
+    assert pss < float(table["before the fork"][0]), output
 
 
 def test_stream_memory_compares_the_store_on_and_off() -> None:
