@@ -154,12 +154,18 @@ async def run(args: argparse.Namespace) -> None:
     if args.phases:  # the proxy with timers (bench/phases.py)
         os.environ["BENCH_PHASES_FILE"] = str(stamps_file)
     entry = (str(Path(__file__).parent / "phases.py"),) if args.phases else ("-m", "proxy")
-    proxy = await harness.start_proxy(sim.url, entry=entry, **settings)
-    before = (
-        await harness.start_proxy(sim.url, root=Path(args.before), **settings)
-        if args.before
-        else None
-    )
+    try:
+        proxy = await harness.start_proxy(sim.url, entry=entry, **settings)
+        before = (
+            await harness.start_proxy(sim.url, root=Path(args.before), **settings)
+            if args.before
+            else None
+        )
+    except BaseException:  # a proxy that did not start: the relays started so far end too
+        relay.stop()
+        lean.stop()
+        await sim.stop()
+        raise
     paths = PATHS + ((BEFORE,) if before else ())
     body = {"model": harness.MODEL, "input": "Where is my order #W2378156?", "stream": True}
     completion = orjson.dumps(prepare_request(body, encoding).completion_body)
