@@ -98,6 +98,38 @@ class Process:
         it started that is still running (workers: the CPU a deployment pays for)."""
         return sum(_cpu_ticks(pid) for pid in _process_tree(self.pid)) / _TICKS
 
+    def cpu_by_role(self) -> dict[str, float]:
+        """CPU seconds so far of the tree's live threads, by role (`role_of`): where a
+        process's CPU goes — its event loop (the main thread) or its other threads (the store's
+        SQLite thread, the default executor); and, as "… switches", their context switches
+        (voluntary and not) so far."""
+        found: dict[str, float] = {}
+        for pid in _process_tree(self.pid):
+            role = role_of(pid, self.pid)
+            try:
+                tids = [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()]
+            except OSError:
+                continue
+            for tid in tids:
+                try:
+                    fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+                except OSError:
+                    continue
+                stat = fields.rsplit(")", 1)[1].split()
+                name = f"{role}: {'loop' if tid == pid else 'threads'}"
+                found[name] = found.get(name, 0.0) + (int(stat[11]) + int(stat[12])) / _TICKS
+                try:
+                    status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+                except OSError:
+                    continue
+                switches = sum(
+                    int(line.split()[1])
+                    for line in status.splitlines()
+                    if line.endswith("ctxt_switches") or "ctxt_switches:" in line
+                )
+                found[f"{name} switches"] = found.get(f"{name} switches", 0.0) + switches
+        return found
+
     def rss_kb(self) -> int:
         return _status_kb(self.pid, "VmRSS")
 
@@ -124,6 +156,22 @@ class Process:
             self.popen.wait()
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def role_of(pid: int, root: int) -> str:
+    """What a process of the proxy's tree is: the process `serve` started (with workers: the
+    supervisor), a worker process, or a render worker."""
+    if pid == root:
+        return "serve"
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "ended"
+    if b"proxy.server.rendering.worker" in command:
+        return "render worker"
+    if b"proxy.server.processes.worker" in command:
+        return "worker"
+    return "other"
 
 
 def _stat(pid: int) -> list[str]:
@@ -223,13 +271,18 @@ async def _get_status(port: int, path: str) -> int:
 
 
 async def start_proxy(
-    upstream: str, *, core: int | None = PROXY_CORE, root: Path = ROOT, **settings: str
+    upstream: str,
+    *,
+    core: int | None = PROXY_CORE,
+    root: Path = ROOT,
+    entry: Sequence[str] = ("-m", "proxy"),
+    **settings: str,
 ) -> Process:
     """`python -m proxy serve` against `upstream`, pinned to `core`, production settings (JSON
     request log at info level, to /dev/null) unless overridden by `settings` (flag names); the
-    proxy of the checkout at `root`."""
+    proxy of the checkout at `root`; `entry` in place of `-m proxy` (bench/phases.py)."""
     port = free_port()
-    argv = ["-m", "proxy", "serve", "--upstream", upstream, "--host", "127.0.0.1"]
+    argv = [*entry, "serve", "--upstream", upstream, "--host", "127.0.0.1"]
     argv += ["--port", str(port)]
     scratch = None
     # the default (embedded) store, in a folder of its own; a checkout from before the store
@@ -273,16 +326,23 @@ class SendRecorder:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
         self.sends: dict[str, list[tuple[float, bool]]] = {}
+        #: When the request reached the simulator's app (its head parsed), and when the
+        #: simulator sent its answer's head, per `X-Request-Id`.
+        self.arrivals: dict[str, float] = {}
+        self.heads: dict[str, float] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] != "/v1/completions":
             await self.app(scope, receive, send)
             return
         key = dict(scope["headers"]).get(b"x-request-id", b"").decode()
+        self.arrivals[key] = time.monotonic()
         stamps = self.sends.setdefault(key, [])
 
         async def stamped(message: Message) -> None:
-            if message["type"] == "http.response.body" and message.get("body"):
+            if message["type"] == "http.response.start":
+                self.heads[key] = time.monotonic()
+            elif message["type"] == "http.response.body" and message.get("body"):
                 body: bytes = message["body"]
                 stamps.append((time.monotonic(), b'"token_ids":[' in body and b'":[]' not in body))
             await send(message)

@@ -31,6 +31,17 @@ target counts as a regression (less is run-to-run noise on this machine). `--set
 The first frame carries one token (`<|channel|>`), which has no text: on every path the first
 text arrives with the second frame, so "first content" is not a like-for-like comparison; the
 per-frame figures are.
+
+- time to the first generated-token event: request written → the first event that carries
+  generated tokens (the proxy: the first reasoning, text or arguments delta; the direct path and
+  the relays: the first frame with token ids), less the simulator's own time between its first
+  token frame and the frame that caused that read (the proxy cannot show a delta before the
+  frame with the first text). So every path is measured from the same engine output: what the
+  path adds before a client sees its first token, request side and first frame included.
+  Target (the sidecar issue): the proxy's added p50 ≤ the lean relay's + 0.3 ms; and to
+  `response.created` ≤ the lean relay's + 0.5 ms and ≤ 1.5 ms.
+- `--phases`: the proxy runs with timers (bench/phases.py) and a table says where its time
+  before `response.created` goes, phase by phase, beside the direct path's.
 """
 
 from __future__ import annotations
@@ -38,7 +49,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import bisect
+import os
+import shutil
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,7 +60,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import harness
+from bench import harness, phases
 from proxy.harmony.request.prepare import prepare_request
 from proxy.simulator import SimulatorConfig, create_simulator_app, start_simulator
 
@@ -55,6 +69,10 @@ BEFORE = "proxy-before"
 #: Issue 17's targets for the proxy, p50, added over direct: to `response.created`, per frame.
 TARGET_FIRST_EVENT_MS = 1.5
 TARGET_PER_FRAME_MS = 0.5
+#: The sidecar issue's targets, p50, against the lean relay's added time in the same run: to
+#: `response.created`, and to the first generated-token event.
+TARGET_CREATED_OVER_LEAN_MS = 0.5
+TARGET_TOKEN_OVER_LEAN_MS = 0.3
 #: A change by more than this share of a target counts as a regression (less is run-to-run noise).
 REGRESSION_SHARE = 0.1
 
@@ -64,6 +82,10 @@ class Samples:
     first_event: list[float] = field(default_factory=list)
     first_sse: list[float] = field(default_factory=list)
     first_content: list[float] = field(default_factory=list)
+    #: request written → the first generated-token event (proxy: the first reasoning, text or
+    #: arguments delta; direct: the first frame with token ids), less the simulator's time
+    #: between its first token frame and the frame that caused that read (module docstring).
+    first_token: list[float] = field(default_factory=list)
     per_frame: list[float] = field(default_factory=list)
     errors: int = 0
 
@@ -106,6 +128,9 @@ def analyse(
             continue
         if first and (not _is_proxy(path) or b'.delta"' in data):
             out.first_content.append(at - answer.sent_at)
+            # the frames before the one that caused this read held no generated text (the
+            # first holds `<|channel|>` alone): their time is the simulator's, not the path's
+            out.first_token.append(at - answer.sent_at - (token_sends[index] - token_sends[0]))
             first = False
         out.per_frame.append(at - token_sends[index])
 
@@ -125,12 +150,22 @@ async def run(args: argparse.Namespace) -> None:
     relay = await harness.start_relay(sim.url)
     lean = await harness.start_relay(sim.url, client="lean")
     settings = dict(args.setting)
-    proxy = await harness.start_proxy(sim.url, **settings)
-    before = (
-        await harness.start_proxy(sim.url, root=Path(args.before), **settings)
-        if args.before
-        else None
-    )
+    stamps_file = Path(tempfile.mkdtemp(prefix="bench-phases-")) / "stamps.jsonl"
+    if args.phases:  # the proxy with timers (bench/phases.py)
+        os.environ["BENCH_PHASES_FILE"] = str(stamps_file)
+    entry = (str(Path(__file__).parent / "phases.py"),) if args.phases else ("-m", "proxy")
+    try:
+        proxy = await harness.start_proxy(sim.url, entry=entry, **settings)
+        before = (
+            await harness.start_proxy(sim.url, root=Path(args.before), **settings)
+            if args.before
+            else None
+        )
+    except BaseException:  # a proxy that did not start: the relays started so far end too
+        relay.stop()
+        lean.stop()
+        await sim.stop()
+        raise
     paths = PATHS + ((BEFORE,) if before else ())
     body = {"model": harness.MODEL, "input": "Where is my order #W2378156?", "stream": True}
     completion = orjson.dumps(prepare_request(body, encoding).completion_body)
@@ -141,6 +176,8 @@ async def run(args: argparse.Namespace) -> None:
     targets = {path: "/v1/responses" if _is_proxy(path) else "/v1/completions" for path in paths}
     payloads = {path: responses if _is_proxy(path) else completion for path in paths}
     samples = {path: Samples() for path in paths}
+    #: The client's stamps of each measured request (`sent`, `created`), by request id.
+    clients: dict[str, dict[str, float]] = {}
     sim_headers = {"x-sim-tokens": str(args.tokens)}
     try:
         for path in paths:  # warm up every path (connections, caches)
@@ -161,6 +198,7 @@ async def run(args: argparse.Namespace) -> None:
                 )
                 answer = await harness.stream(ports[path], payload)
                 analyse(path, answer, recorder.sends.get(rid, []), samples[path])
+                clients[rid] = _client_stamps(path, answer)
     finally:
         proxy.stop()
         if before:
@@ -169,6 +207,53 @@ async def run(args: argparse.Namespace) -> None:
         lean.stop()
         await sim.stop()
     report(samples, args, pinned)
+    if args.phases:
+        print()
+        print_phases(recorder, clients, phases.read_stamps(stamps_file), args.repeats)
+    shutil.rmtree(stamps_file.parent, ignore_errors=True)
+
+
+def _client_stamps(path: str, answer: harness.Answer) -> dict[str, float]:
+    """When the request was written and its first event read (the proxy's response.created;
+    the direct path's head)."""
+    found = {"sent": answer.sent_at}
+    if _is_proxy(path):
+        created = next((t for t, d in answer.reads if b"response.created" in d), None)
+        if created is not None:
+            found["created"] = max(created, answer.head_at)
+    else:
+        found["created"] = answer.head_at
+    return found
+
+
+def print_phases(
+    recorder: harness.SendRecorder,
+    clients: dict[str, dict[str, float]],
+    proxy_stamps: dict[str, dict[str, float]],
+    repeats: int,
+) -> None:
+    """The per-phase table of the time before the first event (bench/phases.py)."""
+
+    def merged(path: str) -> list[dict[str, float]]:
+        found = []
+        for number in range(repeats):
+            rid = f"b-{path}-{number}"
+            stamps = {**clients.get(rid, {}), **proxy_stamps.get(rid, {})}
+            if rid in recorder.arrivals:
+                stamps["sim_arrival"] = recorder.arrivals[rid]
+                stamps["sim_head"] = recorder.heads.get(rid, stamps["sim_arrival"])
+            # without the store there is no `Stateful.prepare`: its phase is empty
+            stamps.setdefault("prepare", stamps.get("render", 0.0))
+            stamps.setdefault("prepared", stamps.get("rendered", 0.0))
+            found.append(stamps)
+        return found
+
+    headers = ["phase", "requests", "p50 ms", "p90 ms"]
+    print("## where the time to the first event goes, proxy (bench/phases.py timers)")
+    print(harness.table(headers, phases.phase_rows(merged("proxy"), phases.PHASES)))
+    print()
+    print("## the same for the direct path")
+    print(harness.table(headers, phases.phase_rows(merged("direct"), phases.DIRECT_PHASES)))
 
 
 def report(samples: dict[str, Samples], args: argparse.Namespace, pinned: bool) -> None:
@@ -223,6 +308,39 @@ def report(samples: dict[str, Samples], args: argparse.Namespace, pinned: bool) 
         )
     )
     print()
+    print("## the first generated-token event (module docstring: like for like on every path)")
+    token_rows = []
+    for path, s in samples.items():
+        token_rows.append(
+            [
+                f"{path}, first token",
+                len(s.first_token),
+                f"{harness.median(s.first_token) * ms:.3f}",
+                f"{harness.pct(s.first_token, 0.99) * ms:.3f}",
+                f"{added(s.first_token, direct.first_token):+.3f}",
+            ]
+        )
+    headers = ["path", "requests", "first token event p50 ms", "p99 ms", "added p50 ms"]
+    print(harness.table(headers, token_rows))
+    print()
+    lean = samples["relay-lean"]
+    lean_created = added(lean.first_event, direct.first_event)
+    lean_token = added(lean.first_token, direct.first_token)
+    for path in [p for p in samples if _is_proxy(p)]:
+        created = added(samples[path].first_event, direct.first_event)
+        token = added(samples[path].first_token, direct.first_token)
+        bound = min(lean_created + TARGET_CREATED_OVER_LEAN_MS, TARGET_FIRST_EVENT_MS)
+        print(
+            f"{path}: added time to response.created (p50) {created:.3f} ms, the lean relay's "
+            f"{lean_created:.3f} ms; target ≤ lean relay + {TARGET_CREATED_OVER_LEAN_MS} ms and "
+            f"≤ {TARGET_FIRST_EVENT_MS} ms: {'met' if created <= bound else 'MISSED'}"
+        )
+        print(
+            f"{path}: added time to the first generated-token event (p50) {token:.3f} ms, the "
+            f"lean relay's {lean_token:.3f} ms; target ≤ lean relay + "
+            f"{TARGET_TOKEN_OVER_LEAN_MS} ms: "
+            f"{'met' if token <= lean_token + TARGET_TOKEN_OVER_LEAN_MS else 'MISSED'}"
+        )
     for path in [p for p in samples if _is_proxy(p)]:
         first = added(samples[path].first_event, direct.first_event)
         frame = added(samples[path].per_frame, direct.per_frame)
@@ -266,6 +384,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=40)
     parser.add_argument("--tokens", type=int, default=300)
     parser.add_argument("--before", help="another checkout whose proxy to measure alongside")
+    parser.add_argument(
+        "--phases",
+        action="store_true",
+        help="run the proxy with timers (bench/phases.py) and print where the time before "
+        "response.created goes",
+    )
     parser.add_argument(
         "--setting", type=harness.settings_arg, action="append", default=[], metavar="NAME=VALUE"
     )

@@ -7,8 +7,11 @@ with the proxy on one core and on both, the load generator measured.
 
 `--setting store_url=off` (any proxy setting, repeatable) runs every proxy with it: the
 embedded response store is one SQLite file that all the workers write.
-`--before DIR` adds a row for the proxy of another checkout (e.g. `git archive main | tar -x -C
-DIR`): one process on core 0, as before this issue.
+`--compare store_url=off` adds the same layouts again with that setting, interleaved with
+the others (a store-on/store-off pair in one run). `--layouts 1x2 2x2` runs only those
+layouts (workers by the cores of the proxy).
+`--before DIR` adds the same layouts for the proxy of another checkout (e.g. `git archive main |
+tar -x -C DIR`), interleaved with the others: a before/after in one run.
 
 Each row is a fresh `python -m proxy serve --workers N` (production settings, JSON log at info
 level), its process tree (supervisor, workers, render workers) pinned to the listed cores; the
@@ -42,7 +45,7 @@ import os
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import orjson
@@ -60,15 +63,18 @@ from proxy.simulator import SimulatorConfig, create_simulator_app, start_simulat
 class Layout:
     workers: int
     proxy_cores: tuple[int, ...]
-    #: Another checkout's proxy (`--before`), which has no `workers` setting.
+    #: Another checkout's proxy (`--before`).
     root: Path | None = None
+    #: Settings of this layout's proxy on top of `--setting` (`--compare`).
+    extra: tuple[tuple[str, str], ...] = ()
 
     @property
     def name(self) -> str:
         cores = ",".join(map(str, self.proxy_cores))
-        if self.root is not None:
-            return f"before: 1 process, proxy on core {cores}"
-        return f"{self.workers} worker{'s' if self.workers > 1 else ''}, proxy on core {cores}"
+        extra = "".join(f", {name}={value}" for name, value in self.extra)
+        plural = "s" if self.workers > 1 else ""
+        before = "before: " if self.root is not None else ""
+        return f"{before}{self.workers} worker{plural}, proxy on core {cores}{extra}"
 
 
 @dataclass
@@ -87,6 +93,14 @@ class Run:
     peak_mb: float = 0.0
     #: Idle PSS (MB) of the process `serve` started (with workers: the supervisor).
     root_mb: float = 0.0
+    #: CPU seconds under load by role (`Process.cpu_by_role`: loop or other threads of each
+    #: kind of process).
+    roles: dict[str, float] = field(default_factory=dict)
+    #: Per completed stream, seconds: request written → head read; → last read; and the gap
+    #: between its last two reads (the terminal event waits for the store's commit).
+    heads: list[float] = field(default_factory=list)
+    ends: list[float] = field(default_factory=list)
+    tails: list[float] = field(default_factory=list)
 
 
 def machine_ticks() -> tuple[int, int]:
@@ -111,6 +125,19 @@ async def scrape(port: int) -> dict[str, float]:
             elif sample.name == "proxy_tokens_total":
                 found["tokens"] += sample.value
     return found
+
+
+async def settled(port: int) -> dict[str, float]:
+    """A scrape once the warm-up's last requests are counted (each is counted just after its
+    terminal event): two scrapes 50 ms apart that agree."""
+    last = await scrape(port)
+    for _ in range(40):
+        await asyncio.sleep(0.05)
+        now = await scrape(port)
+        if now == last:
+            return now
+        last = now
+    return last
 
 
 async def metrics_add_up(port: int, before: dict[str, float], run: Run) -> bool:
@@ -159,13 +186,14 @@ async def one_run(upstream: str, layout: Layout, args: argparse.Namespace) -> Ru
     generator_cores = tuple(c for c in all_cores if c not in layout.proxy_cores) if alone else ()
     _pin(generator_cores or all_cores)
     core = layout.proxy_cores[0] if alone else None
-    settings = dict(args.setting)
-    if layout.root is not None:
-        proxy = await harness.start_proxy(upstream, core=core, root=layout.root, **settings)
-    else:
-        proxy = await harness.start_proxy(
-            upstream, core=core, workers=str(layout.workers), **settings
-        )
+    settings = dict(args.setting) | dict(layout.extra)
+    proxy = await harness.start_proxy(
+        upstream,
+        core=core,
+        root=layout.root or harness.ROOT,
+        workers=str(layout.workers),
+        **settings,
+    )
     body = orjson.dumps({"model": harness.MODEL, "input": "Where is my order?", "stream": True})
     payload = harness.request_bytes("/v1/responses", body, {"x-sim-tokens": str(args.tokens)})
     run = Run()
@@ -175,7 +203,7 @@ async def one_run(upstream: str, layout: Layout, args: argparse.Namespace) -> Ru
             await harness.stream(proxy.port, payload, keep_reads=False)
         reference = await harness.stream(proxy.port, payload, keep_reads=False)
         expected = _outcome(reference)
-        before = await scrape(proxy.port)
+        before = await settled(proxy.port)
         semaphore = asyncio.Semaphore(args.concurrency)
 
         async def client() -> None:
@@ -188,6 +216,10 @@ async def one_run(upstream: str, layout: Layout, args: argparse.Namespace) -> Ru
                 return
             run.completed += 1
             run.tokens += got[0]
+            run.heads.append(answer.head_at - answer.sent_at)
+            run.ends.append(answer.reads[-1][0] - answer.sent_at)
+            if len(answer.reads) > 1:
+                run.tails.append(answer.reads[-1][0] - answer.reads[-2][0])
 
         idle = proxy.tree_pss_kb()
         run.idle_mb = run.peak_mb = sum(idle.values()) / 1024
@@ -200,12 +232,15 @@ async def one_run(upstream: str, layout: Layout, args: argparse.Namespace) -> Ru
 
         sampler = asyncio.ensure_future(sample_memory())
         cpu0, gen0 = proxy.cpu_seconds(), harness.self_cpu_seconds()
+        roles0 = proxy.cpu_by_role()
         busy0, total0 = machine_ticks()
         wall0 = time.monotonic()
         await asyncio.gather(*(client() for _ in range(args.streams)))
         run.wall = time.monotonic() - wall0
         sampler.cancel()
         run.proxy_cpu = proxy.cpu_seconds() - cpu0
+        roles1 = proxy.cpu_by_role()
+        run.roles = {k: v - roles0.get(k, 0.0) for k, v in roles1.items()}
         run.generator_cpu = harness.self_cpu_seconds() - gen0
         busy1, total1 = machine_ticks()
         run.machine_busy = (busy1 - busy0) / max(1, total1 - total0)
@@ -280,6 +315,42 @@ def ceilings(runs: dict[Layout, list[Run]], baseline: float) -> str:
     )
 
 
+def timeline_rows(runs: dict[Layout, list[Run]]) -> str:
+    """Where a stream's time went, p50 / max over every stream of every round."""
+    rows = []
+    for layout, found in runs.items():
+        cells = [f"timeline, {layout.name}"]
+        for name in ("heads", "ends", "tails"):
+            values = [v for r in found for v in getattr(r, name)]
+            cells.append(f"{harness.median(values):.3f} / {max(values, default=0.0):.3f}")
+        cells.append(f"{harness.median([r.wall for r in found]):.2f}")
+        rows.append(cells)
+    headers = ["s, p50 / max", "to head", "to the end", "last gap", "wall (median run)"]
+    return harness.table(headers, rows)
+
+
+def role_rows(runs: dict[Layout, list[Run]]) -> str:
+    """µs of CPU per token and context switches per 1,000 tokens by role (the whole tree's,
+    summed over its processes), medians."""
+    names = sorted({name for found in runs.values() for r in found for name in r.roles})
+    rows = []
+    for layout, found in runs.items():
+        cells = [f"CPU by role, {layout.name}"]
+        for name in names:
+            # µs of CPU per token; context switches per 1,000 tokens
+            scale = 1e3 if name.endswith("switches") else 1e6
+            per_token = [r.roles.get(name, 0.0) / max(r.tokens, 1) * scale for r in found]
+            cells.append(f"{harness.median(per_token):.2f}")
+        rows.append(cells)
+    return harness.table(["µs CPU per token; switches per 1k tokens", *names], rows)
+
+
+def _baseline(layout: Layout, runs: dict[Layout, list[Run]]) -> float:
+    """The median tok/s of the first layout with the same settings (the `vs` column)."""
+    first = next(o for o in runs if o.root == layout.root and o.extra == layout.extra)
+    return harness.median([r.tokens / r.wall for r in runs[first]])
+
+
 def _row(layout: Layout, runs: list[Run], baseline: float) -> list[str]:
     med = harness.median
     rate = [r.tokens / r.wall for r in runs]
@@ -311,9 +382,14 @@ async def run_all(args: argparse.Namespace) -> None:
     replay = await ReplayUpstream("127.0.0.1", sim.port).start()
     upstreams = {"simulator": sim.url, "replay": replay.url}
     two = tuple(harness.cores()[:2])
-    layouts = [Layout(1, two[:1]), Layout(2, two[:1]), Layout(1, two), Layout(2, two)]
-    if args.before is not None:
-        layouts.insert(0, Layout(1, two[:1], args.before.resolve()))
+    every = {"1x1": Layout(1, two[:1]), "2x1": Layout(2, two[:1])}
+    every |= {"1x2": Layout(1, two), "2x2": Layout(2, two)}
+    layouts = [every[name] for name in args.layouts]
+    if args.compare is not None:  # the same layouts again, with one more setting
+        name, value = args.compare
+        layouts += [replace(layout, extra=((name, value),)) for layout in layouts]
+    if args.before is not None:  # the same layouts for the other checkout, interleaved
+        layouts += [replace(layout, root=args.before.resolve()) for layout in layouts]
     print(f"# bench/workers.py — {harness.machine()}")
     print(
         f"# {args.streams} streams of ~{args.tokens} tokens, {args.concurrency} at a time; "
@@ -328,7 +404,7 @@ async def run_all(args: argparse.Namespace) -> None:
             for _ in range(args.repeats):
                 for layout in layouts:
                     runs[layout].append(await one_run(upstreams[name], layout, args))
-            first = next(layout for layout in layouts if layout.root is None)
+            first = layouts[0]
             baseline = harness.median([r.tokens / r.wall for r in runs[first]])
             print()
             print(f"## upstream: {name}")
@@ -338,7 +414,7 @@ async def run_all(args: argparse.Namespace) -> None:
                         "layout",
                         "streams",
                         "aggregate tok/s",
-                        "vs 1 worker on 1 core",
+                        "vs the first layout (same settings)",
                         "proxy CPU %",
                         "proxy µs / token",
                         "generator CPU %",
@@ -349,10 +425,14 @@ async def run_all(args: argparse.Namespace) -> None:
                         "errors",
                         "metrics",
                     ],
-                    [_row(layout, runs[layout], baseline) for layout in layouts],
+                    [_row(layout, runs[layout], _baseline(layout, runs)) for layout in layouts],
                 )
             )
             print(ceilings(runs, baseline))
+            print()
+            print(role_rows(runs))
+            print()
+            print(timeline_rows(runs))
             for layout in layouts:
                 kinds = sum((r.error_kinds for r in runs[layout]), Counter[str]())
                 if kinds:
@@ -375,6 +455,19 @@ def main() -> None:
         "--upstreams", nargs="*", choices=["simulator", "replay"], default=["simulator", "replay"]
     )
     parser.add_argument("--before", type=Path, help="a checkout whose proxy is the 'before' row")
+    parser.add_argument(
+        "--compare",
+        type=harness.settings_arg,
+        metavar="NAME=VALUE",
+        help="the layouts again with this setting, interleaved (e.g. store_url=off)",
+    )
+    parser.add_argument(
+        "--layouts",
+        nargs="*",
+        choices=["1x1", "2x1", "1x2", "2x2"],
+        default=["1x1", "2x1", "1x2", "2x2"],
+        help="workers x cores of the proxy (default: all four)",
+    )
     parser.add_argument(
         "--setting", type=harness.settings_arg, action="append", default=[], metavar="NAME=VALUE"
     )

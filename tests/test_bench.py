@@ -199,12 +199,123 @@ def test_workers_measures_one_and_two_workers_without_errors() -> None:
         *("--upstreams", "replay"),
     )
     table = rows(output)
-    layouts = {name: cells for name, cells in table.items() if "worker" in name}
+    layouts = {
+        name: cells
+        for name, cells in table.items()
+        if "worker" in name and not name.startswith(("CPU by role", "timeline"))
+    }
     assert len(layouts) >= 2, output  # 4 on a 2-core machine
-    for cells in layouts.values():
+    for name, cells in layouts.items():
         assert cells[0] == "8", output  # streams
         assert float(cells[1].split(" / ")[0].replace(",", "")) > 0  # aggregate tok/s
         assert cells[-2:] == ["0", "ok"], output  # no errors; /metrics summed right
         idle, peak = (float(v) for v in cells[-4].split(" / "))  # proxy PSS MB
         assert 0 < idle <= peak, output
         assert 0 < float(cells[-3]) <= idle, output  # per worker
+        # where each stream's time went: to its head, to its end (p50 / max, seconds)
+        head, end = (float(v.split(" / ")[0]) for v in table[f"timeline, {name}"][:2])
+        assert 0 < head < end, output
+    # CPU by role: a single worker's CPU is its `serve` process's loop; with 2, the workers'
+    one = table["CPU by role, 1 worker, proxy on core 0,1"]
+    headers = next(
+        [c.strip() for c in line.strip().strip("|").split("|")][1:]
+        for line in output.splitlines()
+        if line.startswith("|") and "switches per 1k tokens" in line
+    )
+    assert float(one[headers.index("serve: loop")]) > 0, output
+
+
+def test_workers_compares_a_setting_in_one_run() -> None:
+    output = bench(
+        "workers.py",
+        *("--streams", "4", "--concurrency", "4", "--tokens", "40", "--repeats", "1"),
+        *("--upstreams", "replay", "--layouts", "1x1"),
+        *("--compare", "store_url=off"),
+    )
+    table = rows(output)
+    for name in ("1 worker, proxy on core 0", "1 worker, proxy on core 0, store_url=off"):
+        assert table[name][0] == "4", output
+        assert table[name][-2:] == ["0", "ok"], output
+
+
+def test_latency_times_the_first_token_and_the_phases_before_created() -> None:
+    output = bench("latency.py", "--repeats", "2", "--tokens", "60", "--phases")
+    table = rows(output)
+    for path in ("direct", "relay", "relay-lean", "proxy"):
+        assert table[f"{path}, first token"][0] == "2", output
+        assert float(table[f"{path}, first token"][1]) > 0, output
+    # each phase of the proxy's time before response.created, timed on both requests
+    for phase in (
+        "body read, JSON parse, checks",
+        "render + validate",
+        "upstream request reaches the simulator",
+        "upstream head → proxy's head sent",
+        "response.created → client reads it",
+    ):
+        assert table[phase][0] == "2", output
+        assert float(table[phase][1]) >= 0, output
+    assert float(table["simulator: request → head"][1]) >= 0, output  # the direct path's
+    assert re.search(
+        r"proxy: added time to the first generated-token event \(p50\) -?[0-9.]+ ms, the lean "
+        r"relay's -?[0-9.]+ ms; target ≤ lean relay \+ 0.3 ms: (met|MISSED)",
+        output,
+    )
+
+
+def test_idle_memory_splits_each_process_and_replays_the_start_up() -> None:
+    output = bench("idle_memory.py", "--workers", "1")
+    table = rows(output)
+    process = next(name for name in table if name.startswith("serve ("))
+    render = next(name for name in table if name.startswith("render worker ("))
+    assert float(table[process][0]) > 20, output  # PSS MB: an interpreter at least
+    assert float(table[render][0]) > 0, output
+    assert float(table["all"][0]) >= float(table[process][0]), output
+    # the vocab tables are anonymous memory the encoding's load adds
+    assert float(table["load the Harmony encoding (vocab tables)"][2]) > 1, output
+    assert re.search(r"idle PSS per worker, all its processes: [0-9.]+ MB", output)
+    # a child forked after the start-up shares most of it: its private memory is a fraction
+    pss, private, shared = (float(v) for v in table["forked child"])
+    assert 0 < private < shared, output
+    assert pss < float(table["before the fork"][0]), output
+
+
+def test_stream_memory_compares_the_store_on_and_off() -> None:
+    table = rows(bench("stream_memory.py", "--streams", "6", "--tokens", "80", "--repeats", "1"))
+    for name in ("store on", "store off"):
+        assert table[name][0] == "6", table
+        assert table[name][-1] == "0", table  # every stream completed
+        assert float(table[name][2]) >= float(table[name][1]) > 0, table  # open ≥ idle
+
+
+def test_scale_run_ends_every_stream_and_reads_the_memory() -> None:
+    output = bench("scale.py", "--streams", "30", "--tokens", "40", "--token-ms", "2")
+    table = rows(output)
+    for path in ("direct", "proxy"):
+        assert table[path][:2] == ["30", "30"], output  # all terminal
+        assert table[path][-1] == "0", output
+        assert int(table[path][3]) > 0, output  # frames timed
+    assert "proxy: all streams terminal: yes (30/30)" in output
+    assert re.search(
+        r"proxy: added per-frame p99: [+-][0-9.]+ ms, target ≤ 5.0 ms: (met|MISSED)", output
+    )
+    assert re.search(r"proxy: PSS MB idle / peak: [0-9]+ / [0-9]+, (within|OVER)", output)
+
+
+def test_store_workers_measures_one_and_two_processes_and_no_store() -> None:
+    output = bench(
+        "store_workers.py",
+        *("--streams", "8", "--frames", "4", "--pace-ms", "5", "--repeats", "1", "--no-store"),
+    )
+    table = rows(output)
+    for name in ("1 process", "2 processes", "no store, 1 process", "no store, 2 processes"):
+        assert float(table[name][3]) > 0, output  # store CPU µs per token
+    assert int(table["2 processes"][7]) >= 2, output  # transactions: both processes wrote
+    assert table["no store, 1 process"][7] == "0", output
+
+
+def test_profile_proxy_times_the_gc_with_the_store_on_and_off() -> None:
+    output = bench("profile_proxy.py", "--streams", "4", "--tokens", "60", "--gc")
+    table = rows(output)
+    for name in ("store on", "store off"):
+        assert int(table[f"{name}, generation 0"][0]) >= 0, output
+    assert "objects tracked at exit" in output

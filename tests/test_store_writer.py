@@ -113,3 +113,71 @@ def test_backlog_is_bounded_and_close_writes_what_is_pending() -> None:
         assert await store.get("s", "c") is None
 
     asyncio.run(scenario())
+
+
+class Frames:
+    """A recorder-like source: one log entry per take with every frame added since."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.frames: list[bytes] = []
+        self.mark = 0
+        self.created = False
+
+    def add(self, frame: bytes) -> None:
+        self.frames.append(frame)
+
+    def take(self) -> list[Op]:
+        ops: list[Op] = [] if self.created else [create(self.key)]
+        self.created = True
+        if self.frames:
+            self.mark += len(self.frames)
+            ops.append(Append(self.key, self.mark, b"".join(self.frames)))
+            self.frames = []
+        return ops
+
+
+def test_a_source_is_taken_at_most_once_per_interval_unless_flushed() -> None:
+    """Frames every 10 ms, interval 60 ms: the first at once (its record), then one log entry
+    for several frames; the deferred ones are written without another schedule; a flush and
+    a new source are not held; `aclose` writes what is deferred."""
+
+    async def scenario() -> None:
+        store = Recording()
+        writer = StoreWriter(store, lambda e, count, dropped: None, window=0.005, interval=0.06)
+        writer.start()
+        stream = Frames("a")
+        began = asyncio.get_running_loop().time()
+        for n in range(12):
+            stream.add(b"%d," % n)
+            writer.schedule(stream)
+            await asyncio.sleep(0.01)
+        elapsed = asyncio.get_running_loop().time() - began
+        log = await store.read_log("a")
+        assert log[0] == (1, b"0,")  # created with its first frame, at once
+        # 12 frames in `elapsed` (~120 ms on a quiet machine): the first batch, then at most
+        # one per 60 ms
+        assert 2 <= len(store.batches) <= 2 + elapsed / 0.06, (store.batches, elapsed)
+        assert len(log) < 12
+        # nothing scheduled since: what was deferred is written all the same
+        await asyncio.sleep(0.15)
+        log = await store.read_log("a")
+        assert b"".join(data for _, data in log) == b"".join(b"%d," % n for n in range(12))
+        # a flush is not held by the interval, nor is a new source
+        stream.add(b"end")
+        before = len(store.batches)
+        waited = asyncio.get_running_loop().time()
+        await writer.flush(stream)
+        assert asyncio.get_running_loop().time() - waited < 0.05
+        assert (await store.read_log("a"))[-1] == (13, b"end")
+        fresh = Frames("b")
+        fresh.add(b"x")
+        await writer.flush(fresh)
+        assert len(store.batches) == before + 2
+        # deferred writes at close: written, not dropped
+        stream.add(b"last")
+        writer.schedule(stream)
+        await writer.aclose()
+        assert (await store.read_log("a"))[-1] == (14, b"last")
+
+    asyncio.run(scenario())

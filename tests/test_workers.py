@@ -422,3 +422,36 @@ def test_the_embedded_store_is_shared_by_the_workers(workers: Workers) -> None:
         for made in clients:
             made.close()
     assert log_problems(workers.process.log_text()) == []
+
+
+def test_acknowledged_stored_responses_outlive_a_killed_worker(workers: Workers) -> None:
+    """A stored response whose terminal event reached its client is in the store with every
+    event it streamed, though its worker is SIGKILLed right after: the terminal batch is
+    committed before the client sees it (the writer defers only writes not yet acknowledged)."""
+    before = workers.ready()
+
+    async def run() -> list[tuple[str, bytes]]:
+        # half short (they end before the kill), half long (cut by it)
+        task = asyncio.ensure_future(
+            _streams(workers.url, 20, lambda n: "60" if n % 2 else "2000", prefix="ack")
+        )
+        async with asyncio.timeout(30):
+            while workers.metric("proxy_requests_total", outcome="completed", stream="true") < 10:
+                await asyncio.sleep(0.02)
+        os.kill(before[0], signal.SIGKILL)
+        return await task
+
+    results = asyncio.run(run())
+    acknowledged = [sse_events(raw) for _, raw in results if b"response.completed" in raw]
+    assert len(acknowledged) >= 10, len(acknowledged)
+    deadline = time.monotonic() + 30
+    while workers.ready().get(0) in (None, before[0]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with httpx.Client(base_url=workers.url, timeout=30) as http:
+        for events in acknowledged:
+            key = events[0]["response"]["id"]
+            stored = http.get(f"/v1/responses/{key}")
+            assert stored.status_code == 200, stored.text
+            assert stored.json() == events[-1]["response"]
+            replay = http.get(f"/v1/responses/{key}", params={"stream": "true"})
+            assert sse_events(replay.content) == events

@@ -16,14 +16,23 @@ before the client sees it, so a client that reads the response back at once find
 pending backlog is bounded; past the bound a source's writes are dropped and counted as errors.
 
 Unless someone waits in `flush`, the writer gathers writes for `window` seconds before it
-applies them: a live follower sees events that much later, and the store sees one transaction
-per window instead of one per upstream frame (bench/store_cost.py: the CPU per token it costs).
+applies them, and takes a source again at most every `interval` seconds after its last batch
+(a new source at once: a stored response's record is created with its first events; a
+`flush` at once: its end): a live follower sees events up to that much later, and the store
+sees one transaction per window instead of one per upstream frame, and one log entry per
+source per interval instead of one per frame (at 20 tokens per frame, 2 ms per token, a frame
+comes every 40 ms: the 100 ms interval puts 2-3 frames in one entry). What a write costs the
+store is mostly per entry and per transaction, not per byte: bench/store_workers.py measured
+SQLite at 0.95 µs per token with one frame per entry, 0.50 with 2, 0.37 with 5 (BENCHMARKS.md).
+Durability is unchanged: a stream's end is committed before its client sees it, and `aclose`
+writes whatever is deferred.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable
 from typing import Protocol
 
@@ -43,6 +52,10 @@ OnError = Callable[[StoreError, int, bool], None]
 MAX_PENDING = 10_000
 #: Seconds writes are gathered before a batch that nobody waits for is applied.
 WINDOW = 0.01
+#: Seconds after a source's last batch before it is taken again (unless flushed).
+INTERVAL = 0.1
+#: A source not taken for this long is forgotten (its next writes count as new: taken at once).
+FORGET_AFTER = 10 * INTERVAL
 
 
 class StoreWriter:
@@ -55,11 +68,25 @@ class StoreWriter:
         *,
         max_pending: int = MAX_PENDING,
         window: float = WINDOW,
+        interval: float = INTERVAL,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
         self._on_error = on_error
         self._max_pending = max_pending
         self._window = window
+        self._interval = interval
+        self._monotonic = monotonic
+        #: When each source was last taken, by id(); the source is held so that its id is not
+        #: reused while it is listed (a new source must never wait for an old one's interval).
+        self._taken: dict[int, tuple[float, Source]] = {}
+        self._forgotten_at = 0.0
+        #: Pending sources to take in the next batch whatever their interval: new ones, and
+        #: those a `flush` waits for.
+        self._forced: set[int] = set()
+        #: When the first deferred source is due (the pending ones are scanned only then, not
+        #: every window: thousands of streams would make each batch cost a scan of them all).
+        self._first_due = 0.0
         self._urgent = asyncio.Event()  # someone waits in flush(): no window
         #: Whether the last batch was applied: while it is not, callers do not wait on the
         #: store (a hung store would hold every stream's end for the full timeout).
@@ -84,6 +111,8 @@ class StoreWriter:
             self._on_error(StoreError("the store's write backlog is full"), 1, True)
             return False
         self._pending[id(source)] = source
+        if id(source) not in self._taken:
+            self._forced.add(id(source))  # new (or forgotten): taken at once
         self._wake.set()
         return True
 
@@ -92,25 +121,74 @@ class StoreWriter:
         not (dropped, or the batch failed)."""
         if not self.schedule(source):
             raise StoreError("the store's write backlog is full")
+        self._forced.add(id(source))
         if self._flushed is None:
             self._flushed = asyncio.get_running_loop().create_future()
         self._urgent.set()
         await asyncio.shield(self._flushed)
 
+    async def _until_urgent(self, seconds: float) -> None:
+        """Wait `seconds`, or less when a flush comes."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._urgent.wait()
+
+    def _due(self) -> tuple[list[Source], float]:
+        """The pending sources to take now (module docstring), taken out of `_pending`; and
+        when the first of the others is due (inf: none left)."""
+        now = self._monotonic()
+        if now - self._forgotten_at > FORGET_AFTER:
+            self._forgotten_at = now
+            self._taken = {
+                key: seen for key, seen in self._taken.items() if now - seen[0] < FORGET_AFTER
+            }
+        due: list[Source] = []
+        if now < self._first_due and not self._closing:
+            # nothing deferred is due yet: only the forced ones
+            for key in self._forced:
+                source = self._pending.pop(key, None)
+                if source is not None:
+                    due.append(source)
+            first = self._first_due
+        else:
+            later: dict[int, Source] = {}
+            first = float("inf")
+            for key, source in self._pending.items():
+                last = self._taken.get(key)
+                if (
+                    self._closing
+                    or key in self._forced
+                    or last is None
+                    or now - last[0] >= self._interval
+                ):
+                    due.append(source)
+                else:
+                    later[key] = source
+                    first = min(first, last[0] + self._interval)
+            self._pending = later
+            self._first_due = first
+        self._forced.clear()
+        for source in due:
+            self._taken[id(source)] = (now, source)
+        if due:  # their next writes are due an interval from now
+            self._first_due = min(self._first_due, now + self._interval)
+        return due, min(first, self._first_due)
+
     async def _run(self) -> None:
         while True:
             await self._wake.wait()
             if self._window and not self._closing and not self._urgent.is_set():
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self._window):
-                        await self._urgent.wait()
+                await self._until_urgent(self._window)
             self._wake.clear()
             self._urgent.clear()
-            if not self._pending:
-                if self._closing:
+            sources, first = self._due()
+            if not sources:
+                if self._closing and not self._pending:
                     return
+                if self._pending:  # none due yet: sleep until the first is (or a flush)
+                    await self._until_urgent(min(first - self._monotonic(), self._interval))
+                    self._wake.set()
                 continue
-            sources, self._pending = list(self._pending.values()), {}
             flushed, self._flushed = self._flushed, None
             ops: list[Op] = []
             for source in sources:
@@ -134,6 +212,8 @@ class StoreWriter:
                     flushed.exception()  # retrieved here: callers may have gone away
             if self._closing and not self._pending:
                 return
+            if self._pending:  # deferred sources: due later, whether or not more come
+                self._wake.set()
 
     async def aclose(self, timeout: float = 5.0) -> None:
         """Write what is pending (up to `timeout` seconds), then stop."""

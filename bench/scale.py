@@ -1,0 +1,261 @@
+"""The scale run: thousands of concurrent streams on 2 workers against the simulator.
+
+    .venv/bin/python bench/scale.py [--streams 4000] [--tokens 200] [--token-ms 160] [--workers 2]
+                                    [--limit-mib 1024] [--before DIR] [--setting NAME=VALUE ...]
+
+One `python -m proxy serve --workers N` (production settings, the default embedded store, its
+`max_concurrent_streams` raised to let every stream in), the simulator (`--token-ms` per token of
+each stream, `stream_interval` 20) and the load generator in this process, on uvloop. A GPU that
+holds 4,000 streams at once gives each a few tokens a second (its batch shares one forward pass per
+token): 160 ms per token is 25,000 tokens/s in all, about what one gpt-oss-120b server makes at a
+large batch; 2 ms per token (the other benchmarks' pace) would be 2 million tokens/s, ten cores'
+worth of proxy, not this machine's two. Two phases, one after the other, with the same streams:
+*direct* (all `--streams` at once straight to the simulator's /v1/completions), then *proxy* (all
+at once to /v1/responses). Every read of a frame is timed against the moment the simulator handed
+that frame's engine output to its server (an ASGI wrapper; one monotonic clock for all processes),
+so "per-frame" is the time a frame spent between the simulator and the client; "added" is the
+proxy's quantile minus the direct one.
+
+Printed: streams that ended with their terminal event (`response.completed`; direct: the final
+chunk and `[DONE]`), errors by kind, per-frame p50 / p99 / max, the proxy tree's PSS (MB) idle and
+at its most (sampled every 0.5 s), against `--limit-mib` (the memory limit of the proxy container
+in deploy/kubernetes/base/deployment.yaml). Targets: every stream terminal, added per-frame p99 ≤ 5
+ms, memory within the limit. `--before DIR`: a second proxy phase with another checkout's proxy,
+after this one's (each against the same direct phase).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import bisect
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+import uvloop
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import harness
+from proxy.harmony.request import prepare_request
+from proxy.simulator import SimulatorConfig, create_simulator_app, start_simulator
+
+TARGET_ADDED_P99_MS = 5.0
+
+
+@dataclass
+class Phase:
+    terminal: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+    per_frame: list[float] = field(default_factory=list)
+    wall: float = 0.0
+    tokens: int = 0
+
+
+def _frames(answer: harness.Answer, sends: list[tuple[float, bool]], out: Phase) -> None:
+    token_sends = [t for t, tokens in sends if tokens]
+    for at, _ in answer.reads:
+        index = bisect.bisect_right(token_sends, at) - 1
+        if index >= 0:
+            out.per_frame.append(at - token_sends[index])
+
+
+def _terminal(direct: bool, answer: harness.Answer) -> str | None:
+    """None when the stream ended as it should, else what went wrong."""
+    if answer.error:
+        return answer.error
+    if answer.status != 200:
+        return f"HTTP {answer.status}"
+    if direct:
+        return None if answer.body.rstrip().endswith(b"data: [DONE]") else "no [DONE]"
+    terminal = answer.terminal()
+    if terminal is None:
+        return "no terminal event"
+    return None if terminal["type"] == "response.completed" else terminal["type"]
+
+
+async def run_phase(
+    name: str,
+    port: int,
+    payload_for: dict[str, bytes],
+    recorder: harness.SendRecorder,
+    streams: int,
+) -> Phase:
+    phase = Phase()
+    direct = name == "direct"
+
+    async def client(number: int) -> None:
+        answer = await harness.stream(port, payload_for[f"{name}-{number}"])
+        problem = _terminal(direct, answer)
+        if problem is None:
+            phase.terminal += 1
+        else:
+            phase.errors[problem] += 1
+        _frames(answer, recorder.sends.pop(f"{name}-{number}", []), phase)
+        answer.reads.clear()
+
+    began = time.monotonic()
+    await asyncio.gather(*(client(n) for n in range(streams)))
+    phase.wall = time.monotonic() - began
+    return phase
+
+
+async def run(args: argparse.Namespace) -> None:
+    harness.raise_fd_limit()
+    encoding = harness.encoding()
+    config = SimulatorConfig(
+        token_seconds=args.token_ms / 1000,
+        first_token_seconds=0.02,
+        stream_interval=20,
+        record_limit=100,
+    )
+    recorder = harness.SendRecorder(create_simulator_app(config, encoding))
+    sim = await start_simulator(config, encoding, app=recorder)  # type: ignore[arg-type]
+    settings = {"max_concurrent_streams": str(args.streams * 2), **dict(args.setting)}
+    if args.workers > 1:
+        settings["workers"] = str(args.workers)
+    body = {"model": harness.MODEL, "input": "Where is my order?", "stream": True}
+    completion = orjson.dumps(prepare_request(body, encoding).completion_body)
+    responses = orjson.dumps(body)
+    headers = {"x-sim-tokens": str(args.tokens)}
+    payloads = {}
+    for number in range(args.streams):
+        for name, path, data in (
+            ("direct", "/v1/completions", completion),
+            ("proxy", "/v1/responses", responses),
+        ):
+            rid = f"{name}-{number}"
+            payloads[rid] = harness.request_bytes(path, data, {**headers, "x-request-id": rid})
+    warm = harness.request_bytes("/v1/responses", responses, {"x-sim-tokens": "5"})
+    roots = [("proxy", harness.ROOT)]
+    if args.before:
+        roots.append(("proxy-before", args.before.resolve()))
+    results: dict[str, tuple[Phase, float, float]] = {}
+    try:
+        direct = await run_phase("direct", sim.port, payloads, recorder, args.streams)
+        for name, root in roots:
+            results[name] = await proxy_phase(
+                sim.url, root, settings, payloads, warm, recorder, args
+            )
+    finally:
+        await sim.stop()
+    report(args, direct, results)
+
+
+async def proxy_phase(
+    upstream: str,
+    root: Path,
+    settings: dict[str, str],
+    payloads: dict[str, bytes],
+    warm: bytes,
+    recorder: harness.SendRecorder,
+    args: argparse.Namespace,
+) -> tuple[Phase, float, float]:
+    """The proxy of the checkout at `root`: its phase, and its tree's PSS MB idle and peak."""
+    proxy = await harness.start_proxy(upstream, core=None, root=root, **settings)
+    try:
+        for _ in range(4):  # every worker's imports, pools and caches
+            await asyncio.gather(
+                *(harness.stream(proxy.port, warm, keep_reads=False) for _ in range(args.workers))
+            )
+        recorder.sends.clear()
+        idle = peak = sum(proxy.tree_pss_kb().values()) / 1024
+
+        async def sample() -> None:
+            nonlocal peak
+            while True:
+                await asyncio.sleep(0.5)
+                peak = max(peak, sum(proxy.tree_pss_kb().values()) / 1024)
+
+        sampler = asyncio.ensure_future(sample())
+        through = await run_phase("proxy", proxy.port, payloads, recorder, args.streams)
+        sampler.cancel()
+    finally:
+        proxy.stop()
+    return through, idle, peak
+
+
+def report(
+    args: argparse.Namespace, direct: Phase, results: dict[str, tuple[Phase, float, float]]
+) -> None:
+    ms = 1000.0
+    print(f"# bench/scale.py — {harness.machine()}")
+    print(
+        f"# {args.streams} streams of ~{args.tokens} tokens at once, {args.workers} workers, "
+        f"{args.token_ms:g} ms/token per stream ({args.streams / args.token_ms * 1000:,.0f} "
+        "tok/s in all), stream_interval 20; proxy, simulator and generator share the cores"
+    )
+    phases = [("direct", direct)] + [(name, found[0]) for name, found in results.items()]
+    rows = []
+    for name, phase in phases:
+        frames = phase.per_frame
+        rows.append(
+            [
+                name,
+                str(args.streams),
+                str(phase.terminal),
+                f"{phase.wall:.1f}",
+                str(len(frames)),
+                f"{harness.median(frames) * ms:.2f}",
+                f"{harness.pct(frames, 0.99) * ms:.2f}",
+                f"{max(frames, default=float('nan')) * ms:.1f}",
+                str(sum(phase.errors.values())),
+            ]
+        )
+    print(
+        harness.table(
+            [
+                "path",
+                "streams",
+                "terminal",
+                "wall s",
+                "frames",
+                "per-frame p50 ms",
+                "p99 ms",
+                "max ms",
+                "errors",
+            ],
+            rows,
+        )
+    )
+    for name, phase in phases:
+        if phase.errors:
+            print(f"errors, {name}: {dict(phase.errors)}")
+    for name, (through, idle, peak) in results.items():
+        added = (harness.pct(through.per_frame, 0.99) - harness.pct(direct.per_frame, 0.99)) * ms
+        verdict = "met" if added <= TARGET_ADDED_P99_MS else "MISSED"
+        print(
+            f"{name}: added per-frame p99: {added:+.2f} ms, target ≤ {TARGET_ADDED_P99_MS} ms: "
+            f"{verdict}"
+        )
+        every = "yes" if through.terminal == args.streams else "NO"
+        print(f"{name}: all streams terminal: {every} ({through.terminal}/{args.streams})")
+        within = "within" if peak <= args.limit_mib else "OVER"
+        print(
+            f"{name}: PSS MB idle / peak: {idle:.0f} / {peak:.0f}, "
+            f"{within} the {args.limit_mib} MiB limit"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--streams", type=int, default=4000)
+    parser.add_argument("--tokens", type=int, default=200)
+    parser.add_argument("--token-ms", type=float, default=160.0)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--limit-mib", type=int, default=1024)
+    parser.add_argument("--before", type=Path, help="another checkout's proxy, run after this one")
+    parser.add_argument(
+        "--setting", type=harness.settings_arg, action="append", default=[], metavar="NAME=VALUE"
+    )
+    args = parser.parse_args()
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(run(args))
+
+
+if __name__ == "__main__":
+    main()
