@@ -141,6 +141,11 @@ async def one_run(
     return run
 
 
+def _per_second(cpu_per_1k: float) -> str:
+    """Tokens per CPU second; a run too short for /proc's clock to tick shows n/a."""
+    return f"{1000 / cpu_per_1k:,.0f}" if cpu_per_1k > 0 else "n/a"
+
+
 def _mb(kb: float) -> str:
     return f"{kb / 1024:.1f}"
 
@@ -229,7 +234,7 @@ async def run_all(args: argparse.Namespace) -> None:
                         f"{cpu_per_request * 1000:.2f}",
                         f"{per_1k:.4f}",
                         f"{per_1k * 1000:.2f}",
-                        f"{1000 / per_1k:,.0f}",
+                        _per_second(per_1k),
                         sum(r.errors for r in runs),
                     ]
                 )
@@ -282,7 +287,7 @@ def _row(runs: list[Run], build: str | None) -> list[str]:
         f"{med([r.cpu / r.wall * 100 for r in runs]):.0f}",
         both(cpu_per_1k, "{:.4f}", max(cpu_per_1k)),
         f"{med(cpu_per_1k) * 1000:.2f}",
-        f"{1000 / med(cpu_per_1k):,.0f}",
+        _per_second(med(cpu_per_1k)),
         _mb(med([r.idle_rss_kb for r in runs])),
         _mb(max(r.peak_rss_kb for r in runs)),
         _mb(med([r.after_rss_kb for r in runs])),

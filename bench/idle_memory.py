@@ -148,7 +148,7 @@ _FORK = """
 import gc, json, os, sys, time
 import proxy.server.processes.runner
 from proxy import vocab
-from proxy.harmony.request import prepare_request
+from proxy.harmony.request.prepare import prepare_request
 enc = vocab.load_encoding(vocab.ensure_vocab(os.environ))
 body = {"model": "m", "input": "Where is my order?"}
 prepare_request(body, enc)

@@ -41,7 +41,7 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import harness
-from proxy.harmony.request import prepare_request
+from proxy.harmony.request.prepare import prepare_request
 from proxy.simulator import SimulatorConfig, create_simulator_app, start_simulator
 
 TARGET_ADDED_P99_MS = 5.0
