@@ -84,6 +84,7 @@ def assert_answered(answer: httpx.Response) -> None:
 
 def assert_serves_next(proxy: Proxy, client: httpx.Client) -> None:
     answer = client.post(proxy.url + "/v1/responses", json=body("Still fine?"))
+    assert answer.headers.get("connection") != "close"  # a whole body keeps the connection
     assert assert_well_formed(sse_events(answer.content))["status"] == "completed"
     assert proxy.logs.problems() == [], proxy.logs.text()[-3000:]
 
@@ -219,6 +220,8 @@ def test_bodies_over_the_limit_are_413(proxy: Proxy, client: httpx.Client) -> No
     answer = send(proxy, client, big)
     assert answer.status_code == 413
     assert answer.json()["error"]["code"] == "request_too_large"
+    # The rest of the body is dropped and the connection closed: the client must not reuse it.
+    assert answer.headers["connection"] == "close"
 
     def chunks() -> Iterator[bytes]:  # chunked: no Content-Length to check up front
         yield b'{"model": "openai/gpt-oss-120b", "input": "'
@@ -231,6 +234,8 @@ def test_bodies_over_the_limit_are_413(proxy: Proxy, client: httpx.Client) -> No
         proxy.url + "/v1/responses", content=chunks(), headers={"content-type": "application/json"}
     )
     assert answer.status_code == 413
+    # Kept alive only if the whole body was in when the answer started: the next request, on
+    # the same pooled connection then, must be served.
     assert_serves_next(proxy, client)
 
 

@@ -81,6 +81,8 @@ class GuardedProtocol(ClosingProtocol):
         self._running: RequestResponseCycle | None = None
         #: A refusal waiting for the responses ahead of it (a pipelined bad head).
         self._pending: _Refusal | None = None
+        #: What the request being received asked of keep-alive, restored once its body is in.
+        self._keep_alive_after_body = False
 
     # -- connections -----------------------------------------------------------------------
 
@@ -229,11 +231,20 @@ class GuardedProtocol(ClosingProtocol):
         self._in_body = True
         self._body_bytes = 0
         super().on_headers_complete()
+        cycle = self.cycle
         # uvicorn closes the connection through the cycle's transport: ours lingers (closing.py).
-        self.cycle.transport = self._cycle_transport
+        cycle.transport = self._cycle_transport
+        # A response that starts before its request's body is in ends the connection (the rest
+        # of the body is read and dropped, closing.py) and says so with `connection: close`:
+        # without it, a client may write its next request into the connection we are closing.
+        self._keep_alive_after_body = cycle.keep_alive
+        cycle.keep_alive = False
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_started and self._keep_alive_after_body:
+            cycle.keep_alive = True
         self._in_body = False
         self._in_head = True
         if self._body_timer is not None:
@@ -264,6 +275,10 @@ class GuardedProtocol(ClosingProtocol):
             self._enter_waiting()
         elif not self._discarding:
             self._enter_idle()
+
+    def shutdown(self) -> None:
+        self._keep_alive_after_body = False  # a drain ends the connection after this answer
+        super().shutdown()
 
     # -- limits ----------------------------------------------------------------------------
 
