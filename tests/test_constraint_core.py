@@ -6,6 +6,7 @@ constraint."""
 from __future__ import annotations
 
 import json
+import time
 import warnings
 from typing import Any
 
@@ -18,6 +19,7 @@ from proxy.errors import ClientError
 from proxy.harmony.constraint import (
     CONSTRAINT_KINDS,
     CONSTRAINT_VIOLATED,
+    PATTERN_SECONDS,
     ConstraintCheck,
     OutputConstraint,
     check_schema,
@@ -235,6 +237,50 @@ def test_a_schema_that_cannot_be_resolved_is_a_violation_not_a_crash() -> None:
     violation = check.final("{}")
     assert violation is not None
     assert "cannot be applied" in violation.message
+
+
+EVIL = "^(a|aa)+$"  # exponential backtracking on "aaa…a!", in re and in regex alike
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "properties": {"a": {"type": "string", "pattern": EVIL}}},
+        {"type": "object", "patternProperties": {EVIL: {"type": "integer"}}},
+    ],
+    ids=["pattern", "patternProperties"],
+)
+def test_a_client_pattern_that_backtracks_is_cut_off_as_a_violation(schema: Any) -> None:
+    check = ConstraintCheck(OutputConstraint(text_kind="json_schema", schema=schema))
+    evil = "a" * 40 + "!"  # minutes for re.search; the search gives up after PATTERN_SECONDS
+    started = time.perf_counter()
+    violation = check.final(json.dumps({evil: 1, "a": evil}))
+    assert time.perf_counter() - started < 20 * PATTERN_SECONDS
+    assert violation is not None
+    assert "takes too long to check" in violation.message
+
+
+def test_patterns_still_decide_matches() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"id": {"type": "string", "pattern": "^[a-z]+-[0-9]{3}$"}},
+        "patternProperties": {"^x-": {"type": "integer"}},
+    }
+    check = ConstraintCheck(OutputConstraint(text_kind="json_schema", schema=schema))
+    assert check.final('{"id": "abc-123", "x-n": 1}') is None
+    wrong = check.final('{"id": "abc-12"}')
+    assert wrong is not None
+    assert "does not match" in wrong.message
+    assert check.final('{"x-n": "one"}') is not None  # the patterned property's own schema
+
+
+def test_a_pattern_that_is_no_regex_is_a_violation_not_a_crash() -> None:
+    schema = {"type": "string", "pattern": "(unclosed"}
+    violation = ConstraintCheck(OutputConstraint(text_kind="json_schema", schema=schema)).final(
+        '"x"'
+    )
+    assert violation is not None
+    assert "is no regex" in violation.message
 
 
 # -- the core stops at the first violation -------------------------------------------------------

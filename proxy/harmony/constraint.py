@@ -27,12 +27,15 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import jsonschema
+import jsonschema.validators
 import orjson
-from jsonschema.exceptions import SchemaError, best_match
+import regex
+from jsonschema.exceptions import SchemaError, ValidationError, best_match
 from referencing.exceptions import Unresolvable
 
 #: The `error` event's code when the output broke its constraint.
@@ -218,7 +221,66 @@ _DRAFTS = {
 def _validator_class(schema: dict[str, Any]) -> Any:
     named = schema.get("$schema")
     found = _DRAFTS.get(named.rstrip("#")) if isinstance(named, str) else None
-    return found or jsonschema.Draft202012Validator
+    return _BOUNDED[found or jsonschema.Draft202012Validator]
+
+
+#: Seconds one `pattern` / `patternProperties` search of a client's regex may take. The
+#: patterns come from the request: with Python's `re`, `^(a+)+$` against 30 `a`s and a `!`
+#: backtracks for minutes, on the event loop. The `regex` module stops a search at a timeout.
+PATTERN_SECONDS = 0.05
+
+
+@functools.lru_cache(maxsize=_SCHEMAS)
+def _compiled(pattern: str) -> Any:
+    return regex.compile(pattern)
+
+
+def _search(pattern: str, text: str) -> bool:
+    """Whether `pattern` matches in `text`; raises ValidationError if it cannot be told in
+    `PATTERN_SECONDS` or the pattern is no regex."""
+    try:
+        return _compiled(pattern).search(text, timeout=PATTERN_SECONDS) is not None
+    except TimeoutError:
+        raise ValidationError(
+            f"the pattern {pattern[:_SHOWN]!r} takes too long to check (over "
+            f"{PATTERN_SECONDS:g} s: catastrophic backtracking)"
+        ) from None
+    except regex.error as exc:
+        raise ValidationError(f"the pattern {pattern[:_SHOWN]!r} is no regex ({exc})") from None
+
+
+def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[Any]:
+    if not validator.is_type(instance, "string"):
+        return
+    try:
+        if not _search(pattern, instance):
+            yield ValidationError(f"{instance[:_SHOWN]!r} does not match {pattern[:_SHOWN]!r}")
+    except ValidationError as error:
+        yield error
+
+
+def _pattern_properties(
+    validator: Any, patterns: dict[str, Any], instance: Any, schema: Any
+) -> Iterator[Any]:
+    if not validator.is_type(instance, "object"):
+        return
+    for pattern, subschema in patterns.items():
+        for key, value in instance.items():
+            try:
+                matched = _search(pattern, key)
+            except ValidationError as error:
+                yield error
+                return
+            if matched:
+                yield from validator.descend(value, subschema, path=key, schema_path=pattern)
+
+
+#: Each draft's validator with the two regex keywords bounded in time (`PATTERN_SECONDS`).
+_EXTEND: Any = jsonschema.validators.extend  # untyped in types-jsonschema
+_BOUNDED = {
+    cls: _EXTEND(cls, {"pattern": _pattern, "patternProperties": _pattern_properties})
+    for cls in _DRAFTS.values()
+}
 
 
 def _no_constant(name: str) -> Any:
