@@ -30,8 +30,13 @@ tools:
 	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	    prometheus redis-server; }
 
+# The suite runs in parallel, one process per core (pytest-xdist; TEST_JOBS=0 runs it in this
+# process). A test file stays on one worker (--dist loadfile), so a module's servers start once.
+# pytest-cov measures each worker with [tool.coverage.*] (branch coverage of proxy/) and
+# combines their data into .coverage, which `coverage report` prints.
+TEST_JOBS ?= auto
 test: vocab tools
-	$(PY) -m coverage run -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile --cov --cov-report= $(PYTEST_ARGS)
 	$(PY) -m coverage report
 
 # The layers of proxy/ (pyproject.toml's [tool.importlinter]) and no import circle anywhere.

@@ -20,6 +20,8 @@ from proxy.server.processes.runner import loop_factory
 
 
 def free_port() -> int:
+    """A port free at the time of the call, for servers in another process, which must bind it
+    themselves (a server in this process binds its socket first: `LiveServer`)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
@@ -30,7 +32,11 @@ class LiveServer:
     """`with LiveServer(app) as server:` serves `app` at `server.url` until the block ends."""
 
     def __init__(self, app: Any, **config: Any) -> None:
-        self.port = free_port()
+        # Bound here and handed to uvicorn: a port picked first and bound later could be taken
+        # in between by another test process (the suite runs in parallel) or a client socket.
+        self._socket = socket.socket()
+        self._socket.bind(("127.0.0.1", 0))
+        self.port: int = self._socket.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.config = uvicorn.Config(
             app,
@@ -51,7 +57,7 @@ class LiveServer:
         self.loop = factory() if factory is not None else asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)
         try:
-            self.loop.run_until_complete(self.server.serve())
+            self.loop.run_until_complete(self.server.serve(sockets=[self._socket]))
         finally:
             self.loop.run_until_complete(self.loop.shutdown_asyncgens())
             self.loop.close()
@@ -68,6 +74,7 @@ class LiveServer:
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
         self._thread.join(timeout=15)
+        self._socket.close()
 
     def call(self, coro: Any, timeout: float = 10) -> Any:
         """Run a coroutine on the server's loop (to touch its state safely)."""
