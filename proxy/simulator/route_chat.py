@@ -15,7 +15,7 @@ from proxy.simulator.engine import EngineOutput, Sampling
 from proxy.simulator.faults import stream_faults
 from proxy.simulator.generation import run_generation, stop_kept
 from proxy.simulator.options import Options
-from proxy.simulator.shell import SSE_CONTENT_TYPE, Exchange, FaultPlan, answer_body, fire
+from proxy.simulator.shell import SSE_CONTENT_TYPE, Exchange, FaultPlan, answer_body, stream_outputs
 from proxy.simulator.validation import error_body, json_error
 
 
@@ -86,21 +86,17 @@ async def _stream(
     plan: FaultPlan,
     usage: dict[str, Any] | None,
 ) -> None:
-    state, record = exchange.state, exchange.record
-    await exchange.start(200, [SSE_CONTENT_TYPE])
-    await exchange.write(frame(chat.first()))
-    sent = 0
-    for output in outputs:
-        if await fire(exchange, plan.due(sent), malformed=MALFORMED) == "ended":
-            return
-        await exchange.pace(output.delay)
-        state.iteration(len(output.token_ids), output.delay)
+    record = exchange.record
+
+    async def send(output: EngineOutput, _outcome: str) -> bool:
         chunk = chat.feed(output.token_ids, output.finish_reason, output.stop_reason)
         record.finish_reason, record.stop_reason = output.finish_reason, output.stop_reason
         await exchange.write(frame(chunk))
-        record.deliver(output.token_ids)
-        sent += len(output.token_ids)
-    if await fire(exchange, plan.due(sent), malformed=MALFORMED) == "ended":
+        return True
+
+    await exchange.start(200, [SSE_CONTENT_TYPE])
+    await exchange.write(frame(chat.first()))
+    if await stream_outputs(exchange, outputs, plan, send, malformed=MALFORMED) == "ended":
         return
     if usage is not None:
         await exchange.write(frame({**chat.first(), "choices": [], "usage": usage}))

@@ -21,7 +21,7 @@ from proxy.simulator.faults import stream_faults
 from proxy.simulator.generation import run_generation, stop_kept
 from proxy.simulator.guided import GuidedError
 from proxy.simulator.options import Options
-from proxy.simulator.shell import SSE_CONTENT_TYPE, Exchange, FaultPlan, answer_body, fire
+from proxy.simulator.shell import SSE_CONTENT_TYPE, Exchange, FaultPlan, answer_body, stream_outputs
 from proxy.simulator.validation import RequestValidationError, error_body, json_error
 
 
@@ -89,23 +89,18 @@ async def _stream(
     writer: CompletionWriter,
     plan: FaultPlan,
 ) -> None:
-    record, state = exchange.record, exchange.state
-    await exchange.start(200, [SSE_CONTENT_TYPE])
-    sent = 0
-    for output in outputs:
-        outcome = await fire(exchange, plan.due(sent), malformed=MALFORMED)
-        if outcome == "ended":
-            return
-        await exchange.pace(output.delay)
-        state.iteration(len(output.token_ids), output.delay)
+    record = exchange.record
+
+    async def send(output: EngineOutput, outcome: str) -> bool:
         frame = writer.chunk(
             output, without_token_ids=outcome == "strip", bad_logprobs=outcome == "bad-logprobs"
         )
         record.finish_reason, record.stop_reason = output.finish_reason, output.stop_reason
         await exchange.write(frame)
-        record.deliver(output.token_ids)
-        sent += len(output.token_ids)
-    outcome = await fire(exchange, plan.due(sent), malformed=MALFORMED)
+        return True
+
+    await exchange.start(200, [SSE_CONTENT_TYPE])
+    outcome = await stream_outputs(exchange, outputs, plan, send, malformed=MALFORMED)
     if outcome == "ended":
         return
     if outcome == "strip":  # due after the last frame: one more, empty, without token_ids

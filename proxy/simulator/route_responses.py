@@ -28,7 +28,7 @@ from proxy.simulator.generation import run_generation, stop_kept
 from proxy.simulator.options import Options
 from proxy.simulator.records import SimulatorState
 from proxy.simulator.responses import STATUS, nonstream_body
-from proxy.simulator.shell import SSE_CONTENT_TYPE, Exchange, FaultPlan, answer_body, fire
+from proxy.simulator.shell import SSE_CONTENT_TYPE, Exchange, FaultPlan, answer_body, stream_outputs
 from proxy.simulator.upstream_requests import (
     UpstreamRejection,
     as_upstream_renders,
@@ -107,15 +107,8 @@ async def _stream(
     stream = UnpatchedStream(
         state.encoding, ctx, state.ids, postprocess_workers=state.config.postprocess_workers
     )
-    await exchange.start(200, [SSE_CONTENT_TYPE])
-    for event in stream.start():
-        await exchange.write(encode(event))
-    sent = 0
-    for output in outputs:
-        if await fire(exchange, plan.due(sent), malformed=MALFORMED) == "ended":
-            return
-        await exchange.pace(output.delay)
-        state.iteration(len(output.token_ids), output.delay)
+
+    async def send(output: EngineOutput, _outcome: str) -> bool:
         events = stream.feed(output.token_ids)
         if output.finish_reason is not None:
             events += stream.finish(output.finish_reason, output.stop_reason)
@@ -126,13 +119,16 @@ async def _stream(
                 await exchange.write(encode(event))
             record.faults.append("upstream-broken-stream")
             exchange.cut()
-            return
+            return False
         for event in events:
             await exchange.write(encode(event))
-        record.deliver(output.token_ids)
         record.finish_reason, record.stop_reason = output.finish_reason, output.stop_reason
-        sent += len(output.token_ids)
-    if await fire(exchange, plan.due(sent), malformed=MALFORMED) == "ended":
+        return True
+
+    await exchange.start(200, [SSE_CONTENT_TYPE])
+    for event in stream.start():
+        await exchange.write(encode(event))
+    if await stream_outputs(exchange, outputs, plan, send, malformed=MALFORMED) == "ended":
         return
     await exchange.finish()
 

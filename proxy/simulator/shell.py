@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, Final
 
 import orjson
 from starlette.types import Receive, Scope, Send
 
 from proxy.simulator.completion_frames import DONE, error_frame
+from proxy.simulator.engine import EngineOutput
 from proxy.simulator.faults import Fault
 from proxy.simulator.records import RequestRecord, SimulatorState
 
@@ -208,6 +209,34 @@ async def fire(exchange: Exchange, faults: Iterable[Fault], *, malformed: bytes)
             await exchange.finish(DONE)
             return "ended"
     return result
+
+
+async def stream_outputs(
+    exchange: Exchange,
+    outputs: Iterable[EngineOutput],
+    plan: FaultPlan,
+    send: Callable[[EngineOutput, str], Awaitable[bool]],
+    *,
+    malformed: bytes,
+) -> str:
+    """Stream the engine's `outputs` as the engine makes them. Before each: the faults due at the
+    tokens sent so far fire (`malformed` is what a `malformed` fault writes), the output's delay
+    passes and the iteration is counted; then `send(output, outcome)` writes it (`outcome` as
+    `fire` says: "strip", "bad-logprobs" or "go") and answers False when that ended the
+    response. Returns the outcome of the faults due after the last output: "ended" when the
+    response ended before or there, and the caller returns."""
+    sent = 0
+    for output in outputs:
+        outcome = await fire(exchange, plan.due(sent), malformed=malformed)
+        if outcome == "ended":
+            return outcome
+        await exchange.pace(output.delay)
+        exchange.state.iteration(len(output.token_ids), output.delay)
+        if not await send(output, outcome):
+            return "ended"
+        exchange.record.deliver(output.token_ids)
+        sent += len(output.token_ids)
+    return await fire(exchange, plan.due(sent), malformed=malformed)
 
 
 async def answer_body(exchange: Exchange, body: bytes, faults: Iterable[Fault]) -> None:
