@@ -37,10 +37,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from openai_harmony import HarmonyEncoding
@@ -69,7 +71,7 @@ class Supervisor:
         self,
         settings: Settings,
         workers: int,
-        encoding: HarmonyEncoding,
+        encoding: Callable[[], HarmonyEncoding],
         logger: logging.Logger,
         metrics_dir: Path,
         *,
@@ -90,6 +92,8 @@ class Supervisor:
         self._restarts = worker_restarts(None)
 
     async def run(self) -> int:
+        # Start-up's objects never become garbage: the cyclic GC's full passes skip them.
+        gc.freeze()
         loop = asyncio.get_running_loop()
         settings = self._settings
         try:
