@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import gc
 import logging
 import os
 import socket
@@ -99,11 +98,10 @@ class DrainingServer(uvicorn.Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         if self.started:  # the lifespan is up and the listener accepts
-            # What start-up made (modules, settings, routes, the store) lives as long as the
-            # process: frozen, the cyclic GC's full passes no longer walk it (they paused the
-            # loop 90-150 ms each, bench/profile_proxy.py --gc).
-            gc.collect()
-            gc.freeze()
+            # No gc.freeze() here: with it, per-frame p50 was 1.5-2x worse at 4,000 streams and
+            # a few streams were cut before their head (bench/scale.py, 3 runs of 3). The GC's
+            # rule for a full pass then counts only the streams' objects, so a burst of new
+            # streams gets one every few young passes.
             self._on_started(self)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
