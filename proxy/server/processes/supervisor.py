@@ -37,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import gc
 import logging
 import os
 import signal
@@ -92,8 +91,6 @@ class Supervisor:
         self._restarts = worker_restarts(None)
 
     async def run(self) -> int:
-        # Start-up's objects never become garbage: the cyclic GC's full passes skip them.
-        gc.freeze()
         loop = asyncio.get_running_loop()
         settings = self._settings
         try:
