@@ -99,9 +99,9 @@ class DrainingServer(uvicorn.Server):
         await super().startup(sockets)
         if self.started:  # the lifespan is up and the listener accepts
             # No gc.freeze() here: with it, per-frame p50 was 1.5-2x worse at 4,000 streams and
-            # a few streams were cut before their head (bench/scale.py, 3 runs of 3). The GC's
-            # rule for a full pass then counts only the streams' objects, so a burst of new
-            # streams gets one every few young passes.
+            # a few streams were cut before their head (bench/scale.py, 3 runs of 3). Likely:
+            # the GC's rule for a full pass then counts only the streams' objects, so a burst
+            # of new streams gets one every few young passes.
             self._on_started(self)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
