@@ -1,11 +1,11 @@
-"""Body memory (issue 12, item 3): RSS of the proxy and its render workers while many clients
+"""Body memory: RSS of the proxy and its render workers while many clients
 send large bodies at once.
 
     .venv/bin/python bench/body_memory.py [--clients 100] [--mib 15]
 
 Runs the proxy twice as a `python -m proxy serve` process against the simulator (this process):
 *before* with `--body-budget-bytes 0 --render-workers 0` (no global budget, renders inline: the
-proxy before issue 12) and *after* with the defaults (`body_budget_bytes` 64 MiB,
+proxy before the body budget) and *after* with the defaults (`body_budget_bytes` 64 MiB,
 `body_budget_wait` 5 s, one render worker). `--clients` clients each send one `/v1/responses`
 body of `--mib` MiB at the same moment; a sampler reads the RSS of the proxy and of each of its
 child processes (the render workers) from /proc every 20 ms. The body (`--kind`):

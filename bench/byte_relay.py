@@ -4,9 +4,9 @@ trtllm-serve. Benchmark 2 compares the proxy's added latency with it.
 
     .venv/bin/python bench/byte_relay.py --upstream http://127.0.0.1:8000 [--client lean]
 
-`--client httpx` (default) is what the proxy's pass-through used until issue 12; `--client lean`
-relays through `proxy.upstream.stream.StreamClient`, the client of the proxy's repaired
-completion streams and, since issue 12, of its pass-through.
+`--client httpx` (default) is what the proxy's pass-through used before the lean client;
+`--client lean` relays through `proxy.upstream.stream.StreamClient`, the client of the proxy's
+repaired completion streams and of its pass-through.
 
 Every request goes to the upstream as it came (method, path, query, headers but Host, body) and
 the answer comes back chunk by chunk as the client reads it, like the proxy's pass-through,

@@ -20,12 +20,12 @@ only when it ends in `response.completed` with the simulator's token count.
   generator was not what limited the aggregate rate.
 
 Targets: one core sustains ≥ 20,000 tokens/s at 20 tokens per frame, with under 100 KB per open
-stream; cost linear in response length (issue 7); CPU per generated token ≤ 8 µs at 20 tokens
-per frame with the recovery accounting on, as the proxy runs by default (issue 17), printed
+stream; cost linear in response length; CPU per generated token ≤ 8 µs at 20 tokens
+per frame with the recovery accounting on, as the proxy runs by default, printed
 against every row. `--before DIR` runs the proxy of another checkout (e.g. `git worktree add DIR
 main`) in the same run, interleaved run by run, for a before/after in one table. `--setting
-store_url=off` (any proxy setting, repeatable) runs both proxies with it: the response store of
-issue 13 (on by default) has its own cost, shown apart this way.
+store_url=off` (any proxy setting, repeatable) runs both proxies with it: the response store
+(on by default) has its own cost, shown apart this way.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class Run:
         return (self.rss_at_max_open_kb - self.idle_rss_kb) / self.max_open
 
 
-#: Issue 17: end-to-end CPU per generated token at 20 tokens per frame, accounting on.
+#: End-to-end CPU per generated token at 20 tokens per frame, accounting on.
 TARGET_US_PER_TOKEN = 8.0
 
 
@@ -214,7 +214,7 @@ async def run_all(args: argparse.Namespace) -> None:
                 )
             )
             print()
-            print(f"CPU per generated token, target ≤ {TARGET_US_PER_TOKEN:g} µs (issue 17):")
+            print(f"CPU per generated token, target ≤ {TARGET_US_PER_TOKEN:g} µs:")
             for line in verdicts:
                 print(f"  {line}")
         length_rows = []

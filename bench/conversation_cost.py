@@ -1,4 +1,4 @@
-"""Benchmark 9, what a conversation costs (issue 16): the latency and CPU of an append
+"""Benchmark 9, what a conversation costs: the latency and CPU of an append
 (`POST /v1/conversations/{id}/items`) on the embedded SQLite store and on Redis, at one item and
 at twenty, in a fresh conversation and in a long one; the bytes an item takes; and what
 `conversation` costs a request over sending the same items in `input`.

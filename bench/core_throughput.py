@@ -4,11 +4,11 @@
 
 Feeds a synthetic gpt-oss response (reasoning then answer, with unicode) at 1 and 20 tokens per
 chunk, as the proxy does (`account()` after every chunk), with the recovery accounting off, on
-(what the proxy runs: read from the core's own parse, issue 17) and, where the core has it, with
-the full model of the unpatched upstream beside it ("full": the accounting before issue 17),
+(what the proxy runs: read from the core's own parse) and, where the core has it, with
+the full model of the unpatched upstream beside it ("full": the older accounting),
 and prints the median and p99 over repeated runs. `--before DIR` measures the core of another
 checkout too, in a child process, interleaved configuration by configuration (its "on" is
-whatever that checkout's accounting was). Target (issue 2): ≥ 100,000 tokens/s at 20 per chunk
+whatever that checkout's accounting was). Target: ≥ 100,000 tokens/s at 20 per chunk
 for a 3,000-token response. Run on an idle machine; quote numbers from one run.
 """
 

@@ -1,7 +1,7 @@
 """Shared by the end-to-end benchmarks: processes pinned to cores, a cheap HTTP/1.1 streaming
 client, the simulator with a send-time recorder, and per-process CPU and memory readings.
 
-Layout on a 2-core machine (issue 7): the process under test (the proxy, or the byte relay) runs
+Layout on a 2-core machine: the process under test (the proxy, or the byte relay) runs
 alone on core 0; the benchmark process — the simulator (a real uvicorn server on its own loop)
 and the load generator — on core 1. CPU time and memory of each process come from /proc, so the
 benchmark's own cost never counts against the proxy, and the generator's CPU share is reported
@@ -286,7 +286,7 @@ async def start_proxy(
     argv += ["--port", str(port)]
     scratch = None
     # the default (embedded) store, in a folder of its own; a checkout from before the store
-    # (issue 13) has no such setting
+    # has no such setting
     if "data_dir" not in settings and (root / "proxy" / "store").is_dir():
         scratch = Path(tempfile.mkdtemp(prefix="bench-proxy-"))
         settings = {**settings, "data_dir": str(scratch)}

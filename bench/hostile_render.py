@@ -1,10 +1,10 @@
-"""Hostile renders (issue 12, item 1): what one client's costly bodies do to everybody else.
+"""Hostile renders: what one client's costly bodies do to everybody else.
 
     .venv/bin/python bench/hostile_render.py [--chars 1000000] [--streams 8]
 
 Runs the proxy twice as a `python -m proxy serve` process (core 0, with its render workers)
 against the simulator (this process, core 1, paced: 10 ms per token, 5 tokens per frame):
-*before* with `--render-workers 0` (every render on the event loop, as before issue 12) and
+*before* with `--render-workers 0` (every render on the event loop, as before render workers) and
 *after* with the defaults (a render worker, `render_timeout` 20 s). In each run, `--streams`
 clients keep streaming answers (a new request as soon as one ends) and a prober asks `/healthz`
 every 50 ms on a new connection (as the kubelet does), first for a quiet baseline, then while one

@@ -1,4 +1,4 @@
-"""Benchmark: what the HTTP guard (proxy/server/http/guard_protocol.py, issue 12) costs, against
+"""Benchmark: what the HTTP guard (proxy/server/http/guard_protocol.py) costs, against
 uvicorn's plain httptools protocol, side by side in one run.
 
     .venv/bin/python bench/http_guard.py [--rounds 7] [--requests 2000] [--frames 5000]

@@ -1,5 +1,5 @@
 """The lean upstream client's HTTP/1.1 response parser: llhttp (httptools) against the
-hand-written parser it replaced (issue 12) and h11, per frame and per head; and, with
+hand-written parser it replaced and h11, per frame and per head; and, with
 `--baseline`, the proxy's per-frame latency before and after, in one run.
 
     .venv/bin/python bench/http_parser.py [--repeats 7] [--frames 2000]

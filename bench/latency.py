@@ -20,7 +20,7 @@ path.
   events), the time since the simulator handed the engine output that caused it to its server
   (stamped by an ASGI wrapper; `time.monotonic` is one clock for all processes on Linux).
 
-"Added" is a path's median minus the direct median. Targets (issue 17, restating issue 7's): the
+"Added" is a path's median minus the direct median. Targets: the
 proxy's added time to `response.created` ≤ 1.5 ms p50 and its added per-frame latency ≤ 0.5 ms
 p50; both are printed against them. The relays are shown for scale (what any proxy on this
 stack adds without doing anything per frame), no longer as a target. `--before DIR` adds a
@@ -66,7 +66,7 @@ from proxy.simulator import SimulatorConfig, create_simulator_app, start_simulat
 
 PATHS = ("direct", "relay", "relay-lean", "proxy")
 BEFORE = "proxy-before"
-#: Issue 17's targets for the proxy, p50, added over direct: to `response.created`, per frame.
+#: The targets for the proxy, p50, added over direct: to `response.created`, per frame.
 TARGET_FIRST_EVENT_MS = 1.5
 TARGET_PER_FRAME_MS = 0.5
 #: The sidecar issue's targets, p50, against the lean relay's added time in the same run: to

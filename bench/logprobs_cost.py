@@ -1,4 +1,4 @@
-"""Logprobs cost (issue 15): the proxy's CPU per 1,000 generated tokens with token logprobs off
+"""Logprobs cost: the proxy's CPU per 1,000 generated tokens with token logprobs off
 and on, side by side in one run.
 
     .venv/bin/python bench/logprobs_cost.py [--tokens 3000] [--chunk 20] [--repeats 15]

@@ -1,4 +1,4 @@
-"""Render cost on and off the event loop (issue 12, item 1): the inline fast path's worst case and
+"""Render cost on and off the event loop: the inline fast path's worst case and
 the round trip to a render worker.
 
     taskset -c 1 .venv/bin/python bench/render_cost.py [--repeats 200]

@@ -1,4 +1,4 @@
-"""What issue 14's request features cost per request: `prepare_request` with and without them.
+"""What the optional request features cost per request: `prepare_request` with and without them.
 
     taskset -c 1 .venv/bin/python bench/request_fields.py [--repeats 200] [--items 200]
 

@@ -1,4 +1,4 @@
-"""Benchmark 6, what the response store costs (issue 13): per stored response, the latency to
+"""Benchmark 6, what the response store costs: per stored response, the latency to
 `response.created` and to the terminal event, the proxy's CPU per 1,000 tokens, and the bytes a
 stored response takes — with the store off, on the embedded SQLite store, and on Redis.
 

@@ -1,4 +1,4 @@
-"""Benchmark (issue 17): aggregate tokens/s and CPU per token with 1 and 2 worker processes,
+"""Benchmark: aggregate tokens/s and CPU per token with 1 and 2 worker processes,
 with the proxy on one core and on both, the load generator measured.
 
     .venv/bin/python bench/workers.py [--streams 1000] [--concurrency 1000] [--tokens 1000]

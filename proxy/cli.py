@@ -10,22 +10,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from openai_harmony import HarmonyEncoding
 
 from proxy import config, vocab
 
 
-def _encoding_or_exit() -> HarmonyEncoding:
+def _vocab_or_exit() -> Path:
     try:
-        return vocab.load_encoding(vocab.ensure_vocab(os.environ))
+        return vocab.ensure_vocab(os.environ)
     except vocab.VocabError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
+
+
+def _encoding_or_exit() -> HarmonyEncoding:
+    return vocab.load_encoding(_vocab_or_exit())
 
 
 def _cmd_vocab(args: argparse.Namespace) -> int:
@@ -53,9 +59,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         print(f"error: bad setting: {exc}", file=sys.stderr)
         return 2
     logger = logs.configure(settings.log_level, settings.log_format)
-    encoding = _encoding_or_exit()
     if workers > 1:
-        return _supervise(settings, workers, encoding, logger)
+        # The supervisor serves no client: it loads the encoding (~52 MB) only to run the
+        # simulator; each worker loads its own from the folder set here.
+        folder = _vocab_or_exit()
+        vocab.use_dir(folder)
+        return _supervise(settings, workers, functools.partial(vocab.load_encoding, folder), logger)
+    encoding = _encoding_or_exit()
     from proxy.server.processes import runner as server
 
     try:
@@ -67,7 +77,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _supervise(
-    settings: config.Settings, workers: int, encoding: HarmonyEncoding, logger: logging.Logger
+    settings: config.Settings,
+    workers: int,
+    encoding: Callable[[], HarmonyEncoding],
+    logger: logging.Logger,
 ) -> int:
     """`serve` with worker processes (proxy/server/processes/supervisor.py)."""
     from proxy.server.processes import multiproc

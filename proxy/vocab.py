@@ -139,8 +139,14 @@ def loaded_dir(env: Mapping[str, str]) -> Path:
     return Path(folder)
 
 
-def load_encoding(vocab_dir: Path) -> HarmonyEncoding:
-    """Load gpt-oss's Harmony encoding from `vocab_dir` (the folder `ensure_vocab` returned)."""
+def use_dir(vocab_dir: Path) -> None:
+    """Make `vocab_dir` the folder every later load reads (this process's and its children's:
+    `loaded_dir`), without loading anything yet."""
     # openai-harmony takes the folder only from this variable; set it before its first load.
     os.environ["TIKTOKEN_ENCODINGS_BASE"] = str(vocab_dir)
+
+
+def load_encoding(vocab_dir: Path) -> HarmonyEncoding:
+    """Load gpt-oss's Harmony encoding from `vocab_dir` (the folder `ensure_vocab` returned)."""
+    use_dir(vocab_dir)
     return load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)

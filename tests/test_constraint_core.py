@@ -19,13 +19,13 @@ from proxy.errors import ClientError
 from proxy.harmony.constraint import (
     CONSTRAINT_KINDS,
     CONSTRAINT_VIOLATED,
-    PATTERN_SECONDS,
     ConstraintCheck,
     OutputConstraint,
     check_schema,
 )
 from proxy.harmony.request.prepare import prepare_request
 from proxy.harmony.response import CountingIds
+from proxy.harmony.schema import PATTERN_SECONDS
 from proxy.harmony.stream.repair import ResponseStream, StreamStateError
 from tests.harmony import MODEL, chunks_of, context, engine_outputs, ids_of
 from tests.sdk import validate_events

@@ -312,6 +312,28 @@ def test_the_pool_must_be_started(encoding: HarmonyEncoding) -> None:
         RenderPool(encoding, vocab.loaded_dir(os.environ), workers=0, timeout=1, queue=1)
 
 
+def test_workers_start_with_the_first_body_that_needs_one(encoding: HarmonyEncoding) -> None:
+    """An idle proxy, or one that only sees cheap bodies, runs no render worker process."""
+
+    async def scenario() -> tuple[bool, list[int], list[int], Any]:
+        pool = RenderPool(encoding, vocab.loaded_dir(os.environ), workers=2, timeout=10, queue=4)
+        await pool.start()
+        try:
+            await pool.prepare({"model": MODEL, "input": "Hi"})  # inline
+            await asyncio.sleep(0.1)
+            ready, idle = pool.ready(), pool.pids
+            prepared = await pool.prepare(agent_body(5))  # waits for a worker to load
+            return ready, idle, pool.pids, prepared
+        finally:
+            await pool.aclose()
+
+    ready, idle, spawned, prepared = asyncio.run(scenario())
+    assert ready  # /readyz: nothing to wait for yet
+    assert idle == []
+    assert len(spawned) == 2
+    assert prepared == prepare_request(agent_body(5), encoding)
+
+
 def test_a_harmony_panic_is_a_400_and_the_worker_is_replaced(encoding: HarmonyEncoding) -> None:
     """A 1 MB run of one letter overflows the stack of openai-harmony's regex: a panic (a 500
     inline). The worker answers a 400 and exits; the next requests find a new worker."""

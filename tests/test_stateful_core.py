@@ -15,6 +15,7 @@ from proxy.harmony.history.stored import (
     as_it_stands,
     decode_events,
     encode_events,
+    encode_record,
     ended_events,
 )
 from proxy.harmony.request.prepare import prepare_request
@@ -173,6 +174,16 @@ def test_stored_response_round_trips() -> None:
     record = StoredResponse({"id": "resp_1", "status": "completed"}, [{"id": "m"}], ("a",), True)
     assert StoredResponse.decode(record.encode()) == record
     assert record.status == "completed"
+
+
+@pytest.mark.parametrize("chain", [(), ("resp_a", "resp_b")])
+def test_a_record_encoded_from_its_rest_is_the_same_record(chain: tuple[str, ...]) -> None:
+    """The recorder keeps a running response's input as bytes and encodes its end from them."""
+    start = StoredResponse({"status": "in_progress"}, [{"id": "m", "x": "é\n"}], chain, False)
+    ended = {"id": "resp_1", "status": "completed", "output": [{"id": "o", "text": '"}'}]}
+    encoded = encode_record(ended, start.rest())
+    assert StoredResponse.decode(encoded) == StoredResponse(ended, start.input, chain, False)
+    assert encoded == StoredResponse(ended, start.input, chain, False).encode()
 
 
 def test_as_it_stands_replays_the_output_so_far(encoding: HarmonyEncoding) -> None:

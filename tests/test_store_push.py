@@ -1,4 +1,4 @@
-"""`Push` and `Remove` (issue 16: a conversation's items), on every store backend: the store
+"""`Push` and `Remove` (a conversation's items), on every store backend: the store
 numbers pushed entries, concurrent pushes from two handles (two processes) never collide,
 interleave or get lost, and a removed entry's bytes no longer count."""
 

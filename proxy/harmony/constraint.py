@@ -21,22 +21,17 @@ engine's grammar allows any prefix of a match too. The first violation is return
 `CONSTRAINT_VIOLATED`. The same check runs when upstream does enforce: a header constraint cannot
 stop gpt-oss from ending after its reasoning under "required", and the check costs one lookup
 per message header and one JSON parse per final answer.
+
+`jsonschema` and `regex` (with `referencing` and `rpds`, ~7 MB per process) are imported by the
+first schema a request names (`proxy.harmony.schema`), not with this module: most proxies never
+see one.
 """
 
 from __future__ import annotations
 
-import functools
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
-
-import jsonschema
-import jsonschema.validators
-import orjson
-import regex
-from jsonschema.exceptions import SchemaError, ValidationError, best_match
-from referencing.exceptions import Unresolvable
 
 #: The `error` event's code when the output broke its constraint.
 CONSTRAINT_VIOLATED = "constraint_violated"
@@ -149,19 +144,21 @@ class ConstraintCheck:
             return Violation(kind, f"the final answer is not JSON ({exc})")
         except RecursionError:  # the decoder's own limit: bad model output, not our fault
             return Violation(kind, "the final answer is JSON nested too deeply to check")
+        from proxy.harmony import schema as json_schema  # loads jsonschema (module doc)
+
         try:
-            error = best_match(self._schema_validator().iter_errors(value))
-        except (SchemaError, Unresolvable) as exc:  # xgrammar would not compile it either
+            mismatch = json_schema.mismatch(self._schema_validator(), value)
+        except json_schema.Unapplicable as exc:  # xgrammar would not compile it either
             return Violation(kind, f"text.format's schema cannot be applied: {str(exc)[:_SHOWN]}")
         except RecursionError:
             return Violation(kind, "the final answer is JSON nested too deeply to check")
-        if error is None:
+        if mismatch is None:
             return None
-        where = error.json_path
+        where, message = mismatch
         return Violation(
             kind,
             f"the final answer does not match text.format's schema at {where[:_SHOWN]}: "
-            f"{error.message[:_SHOWN]}",
+            f"{message[:_SHOWN]}",
         )
 
     def end(self, finish_reason: str) -> Violation | None:
@@ -177,110 +174,20 @@ class ConstraintCheck:
 
     def _schema_validator(self) -> Any:
         if self._validator is None:
+            from proxy.harmony import schema as json_schema
+
             schema = self.constraint.schema
             assert schema is not None
-            self._validator = _validator_class(schema)(schema)
+            self._validator = json_schema.validator(schema)
         return self._validator
 
 
 def check_schema(schema: dict[str, Any]) -> str | None:
-    """Why `schema` is no valid JSON Schema (None: it is one), for a 400 before generation.
+    """Why `schema` is no valid JSON Schema (None: it is one), for a 400 before generation
+    (`proxy.harmony.schema`)."""
+    from proxy.harmony import schema as json_schema  # loads jsonschema (module doc)
 
-    Checking a schema against its meta-schema costs ~2.5 ms; an agent sends the same schema
-    on every call, so the verdicts of the last `_SCHEMAS` schemas (by their JSON) are kept."""
-    return _schema_problem(orjson.dumps(schema, option=orjson.OPT_SORT_KEYS))
-
-
-_SCHEMAS = 256
-
-
-@functools.lru_cache(maxsize=_SCHEMAS)
-def _schema_problem(text: bytes) -> str | None:
-    schema = orjson.loads(text)
-    try:
-        _validator_class(schema).check_schema(schema)
-    except SchemaError as exc:
-        return exc.message[:_SHOWN]
-    return None
-
-
-#: The drafts a schema may name in `$schema`; any other (or none) is read as Draft 2020-12, the
-#: draft OpenAI's structured outputs follow (`validator_for` would warn for an unknown one).
-_DRAFTS = {
-    str(cls.META_SCHEMA["$schema" if "$schema" in cls.META_SCHEMA else "id"]).rstrip("#"): cls
-    for cls in (
-        jsonschema.Draft4Validator,
-        jsonschema.Draft6Validator,
-        jsonschema.Draft7Validator,
-        jsonschema.Draft201909Validator,
-        jsonschema.Draft202012Validator,
-    )
-}
-
-
-def _validator_class(schema: dict[str, Any]) -> Any:
-    named = schema.get("$schema")
-    found = _DRAFTS.get(named.rstrip("#")) if isinstance(named, str) else None
-    return _BOUNDED[found or jsonschema.Draft202012Validator]
-
-
-#: Seconds one `pattern` / `patternProperties` search of a client's regex may take. The
-#: patterns come from the request: with Python's `re`, `^(a+)+$` against 30 `a`s and a `!`
-#: backtracks for minutes, on the event loop. The `regex` module stops a search at a timeout.
-PATTERN_SECONDS = 0.05
-
-
-@functools.lru_cache(maxsize=_SCHEMAS)
-def _compiled(pattern: str) -> Any:
-    return regex.compile(pattern)
-
-
-def _search(pattern: str, text: str) -> bool:
-    """Whether `pattern` matches in `text`; raises ValidationError if it cannot be told in
-    `PATTERN_SECONDS` or the pattern is no regex."""
-    try:
-        return _compiled(pattern).search(text, timeout=PATTERN_SECONDS) is not None
-    except TimeoutError:
-        raise ValidationError(
-            f"the pattern {pattern[:_SHOWN]!r} takes too long to check (over "
-            f"{PATTERN_SECONDS:g} s: catastrophic backtracking)"
-        ) from None
-    except regex.error as exc:
-        raise ValidationError(f"the pattern {pattern[:_SHOWN]!r} is no regex ({exc})") from None
-
-
-def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[Any]:
-    if not validator.is_type(instance, "string"):
-        return
-    try:
-        if not _search(pattern, instance):
-            yield ValidationError(f"{instance[:_SHOWN]!r} does not match {pattern[:_SHOWN]!r}")
-    except ValidationError as error:
-        yield error
-
-
-def _pattern_properties(
-    validator: Any, patterns: dict[str, Any], instance: Any, schema: Any
-) -> Iterator[Any]:
-    if not validator.is_type(instance, "object"):
-        return
-    for pattern, subschema in patterns.items():
-        for key, value in instance.items():
-            try:
-                matched = _search(pattern, key)
-            except ValidationError as error:
-                yield error
-                return
-            if matched:
-                yield from validator.descend(value, subschema, path=key, schema_path=pattern)
-
-
-#: Each draft's validator with the two regex keywords bounded in time (`PATTERN_SECONDS`).
-_EXTEND: Any = jsonschema.validators.extend  # untyped in types-jsonschema
-_BOUNDED = {
-    cls: _EXTEND(cls, {"pattern": _pattern, "patternProperties": _pattern_properties})
-    for cls in _DRAFTS.values()
-}
+    return json_schema.check_schema(schema)
 
 
 def _no_constant(name: str) -> Any:

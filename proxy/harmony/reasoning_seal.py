@@ -14,7 +14,9 @@ sealed under a key no longer listed, or OpenAI's own — does not open: the requ
 
 The payload is the reasoning's text parts as JSON (`["…"]`), so an opened item renders exactly
 as the plain item with those `reasoning_text` parts renders (request/items.py). Sans-IO: the
-shell hands `ReasoningKeys.seal` to the core through `ResponseContext`.
+shell hands `ReasoningKeys.seal` to the core through `ResponseContext`. `cryptography` is
+imported by the first seal or open, not with this module (~5 MB of every process that loads it,
+bench/idle_memory.py); a generated key is 32 bytes of `os.urandom`, as `AESGCM.generate_key`'s.
 """
 
 from __future__ import annotations
@@ -26,8 +28,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import orjson
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 _VERSION = 1
 _NONCE_BYTES = 12
@@ -61,13 +61,15 @@ class ReasoningKeys:
     @classmethod
     def generate(cls, key_id: str = "generated") -> ReasoningKeys:
         """One random key (for a proxy started without configured keys)."""
-        return cls(((key_id, AESGCM.generate_key(bit_length=KEY_BYTES * 8)),))
+        return cls(((key_id, os.urandom(KEY_BYTES)),))
 
     def seal(self, texts: Sequence[str]) -> str:
         """The blob of these reasoning text parts, sealed under the newest key."""
         key_id, key = self.keys[0]
         header = bytes([_VERSION, len(key_id.encode())]) + key_id.encode()
         nonce = os.urandom(_NONCE_BYTES)
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
         sealed = AESGCM(key).encrypt(nonce, orjson.dumps(list(texts)), header)
         return base64.urlsafe_b64encode(header + nonce + sealed).decode()
 
@@ -85,6 +87,9 @@ class ReasoningKeys:
         key = dict(self.keys).get(key_id)
         if key is None or len(rest) < _NONCE_BYTES + 16:
             raise SealError("it was not sealed with any key this proxy holds")
+        from cryptography.exceptions import InvalidTag
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
         try:
             plain = AESGCM(key).decrypt(rest[:_NONCE_BYTES], rest[_NONCE_BYTES:], header)
         except InvalidTag as exc:

@@ -1,4 +1,4 @@
-"""The response store (issue 13): one small async interface (`base.py`), backends behind it.
+"""The response store: one small async interface (`base.py`), backends behind it.
 
     base.py          the interface: entries (doc, log, aliases, signals, lease), writes as data
     memory.py        `memory://` — unit tests only

@@ -1,9 +1,9 @@
-"""The store interface: one small async API, every backend behind it (issue 13).
+"""The store interface: one small async API, every backend behind it.
 
 Theory of operation
 -------------------
-The store keeps *entries*. An entry is one stored thing — a response (issue 13) or a conversation
-(issue 16) — and every backend keeps the same parts of it:
+The store keeps *entries*. An entry is one stored thing — a response or a conversation — and
+every backend keeps the same parts of it:
 
     key       its id (`resp_…`), unique in the whole store
     scope     who may see it: a hash of the credential that created it. Every read takes the
@@ -98,8 +98,8 @@ class Append:
 class Push:
     """Add log entries after the entry's last one, in order; the store gives them marks above
     every mark the entry holds, in the same atomic step as the rest of the batch. So concurrent
-    pushes from any process land one after the other, never interleaved, never lost (issue 16:
-    a conversation's items). An entry is written with `Append` or with `Push`, never both."""
+    pushes from any process land one after the other, never interleaved, never lost (a
+    conversation's items). An entry is written with `Append` or with `Push`, never both."""
 
     key: str
     data: tuple[bytes, ...]

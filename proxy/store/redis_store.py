@@ -1,4 +1,4 @@
-"""`redis://…` / `rediss://…`: the store of several replicas behind one Service (issue 13).
+"""`redis://…` / `rediss://…`: the store of several replicas behind one Service.
 
 Layout (every key under the prefix, `rrp:` by default; a standalone Redis, not a cluster —
 the script below touches keys it derives):

@@ -2,8 +2,8 @@
 
 No server to run. It survives restarts (WAL with `synchronous=NORMAL`: a committed write
 survives a crash of the process; only a power cut can lose the last commits), and every proxy
-process on the host that opens the same file shares it — the worker processes of issue 17
-included: a resume or a cancel may reach any of them.
+process on the host that opens the same file shares it — the worker processes of
+`workers` included: a resume or a cancel may reach any of them.
 
 All SQLite work runs on one thread per process, with one connection (sqlite3 releases the GIL
 while it works), so the event loop never waits on the disk. Writes of one `apply` are one

@@ -41,7 +41,7 @@ class Waiters:
         between the read and the wait is never missed; `watch()` is called after each
         registration (the embedded backend makes sure its poller runs: a wake-up unregisters
         the waiter, so a poller that checks "anyone waiting?" just then ends, and the waiter,
-        registered again a moment later, would wait out its timeout; issue 17)."""
+        registered again a moment later, would wait out its timeout)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:

@@ -1,7 +1,7 @@
 """One writer task per app: the store writes of every response in flight, batched.
 
-The repaired route never awaits a store on its way to the client (issue 13: a failed write never
-breaks a foreground stream). A response's `Recorder` (proxy/server/stateful/recording.py)
+The repaired route never awaits a store on its way to the client (a failed write never breaks
+a foreground stream). A response's `Recorder` (proxy/server/stateful/recording.py)
 hands its new events to the writer as a *source*: an object with `take() -> list[Op]`, called
 when the writer gets to it. Events pile up in the source until then, so under load one log
 entry holds several frames of events, and one `apply` — one SQLite transaction, one Redis

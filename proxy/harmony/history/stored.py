@@ -56,10 +56,23 @@ class StoredResponse:
             }
         )
 
+    def rest(self) -> bytes:
+        """The record without its response, encoded: what stays the same from the response's
+        start to its end (`encode_record`)."""
+        return orjson.dumps(
+            {"input": self.input, "chain": self.chain, "background": self.background}
+        )
+
     @classmethod
     def decode(cls, doc: bytes) -> StoredResponse:
         data = orjson.loads(doc)
         return cls(data["response"], data["input"], tuple(data["chain"]), data["background"])
+
+
+def encode_record(response: dict[str, Any], rest: bytes) -> bytes:
+    """`StoredResponse(response, …).encode()` from `rest` (`StoredResponse.rest`) as decoded
+    alike: a running response's recorder keeps its input as these bytes, not as objects."""
+    return b'{"response":' + orjson.dumps(response) + b"," + rest[1:]
 
 
 def encode_events(events: Sequence[dict[str, Any]]) -> tuple[int, bytes]:

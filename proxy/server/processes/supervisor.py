@@ -41,6 +41,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from openai_harmony import HarmonyEncoding
@@ -69,7 +70,7 @@ class Supervisor:
         self,
         settings: Settings,
         workers: int,
-        encoding: HarmonyEncoding,
+        encoding: Callable[[], HarmonyEncoding],
         logger: logging.Logger,
         metrics_dir: Path,
         *,

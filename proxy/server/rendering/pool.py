@@ -15,9 +15,11 @@ liveness probe. A thread does not help; a process does. `RenderPool`:
   pre-token never spans whitespace, and JSON escapes only make a run look longer). Worst body
   under all three: ~1.5 ms (bench/render_cost.py).
 - **workers**: everything else goes to one of `render_workers` processes
-  (`rendering/worker.py`), started with the app (lifespan), each with its encoding and its own
-  `PrefixCache`, restarted when one dies. At most `render_queue` requests wait for a free worker
-  (more: 429 + Retry-After), and none waits longer than `render_timeout` (then 429 too).
+  (`rendering/worker.py`), each with its encoding and `PrefixCache`, restarted when one dies.
+  The first body that is not cheap starts them, not the app: a proxy that only sees cheap bodies
+  never pays their ~75 MB each (bench/idle_memory.py), and that first body waits ~0.7 s for the
+  encoding to load. At most `render_queue` requests wait for a free worker (more: 429 +
+  Retry-After), and none waits longer than `render_timeout` (then 429 too).
 - **render_timeout**: a render that takes longer gets a 400 naming the limit; its worker is
   killed (SIGKILL: it is inside Rust code that cannot be interrupted) and replaced, which
   `concurrent.futures.ProcessPoolExecutor` cannot do.
@@ -181,17 +183,27 @@ class RenderPool:
         self._waiting = 0
         self._closing = False
         self._started = False
+        self._spawned = False
 
     # -- life ---------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Spawn the workers (they get ready in the background: ~0.7 s to load the encoding)."""
+        """Accept renders; the workers are spawned by the first body that needs one."""
         self._started = True
+
+    def _spawn(self) -> None:
+        """Spawn the workers once (they get ready in the background: ~0.7 s to load the
+        encoding)."""
+        if self._spawned or self._closing:
+            return
+        self._spawned = True
         for _ in range(self._size):
             self._keep(self._run_worker())
 
     async def wait_ready(self, timeout: float = BOOT_TIMEOUT) -> None:
-        """Wait until every worker is ready (benchmarks and tests)."""
+        """Spawn the workers if no body has yet, and wait until every one is ready (benchmarks
+        and tests)."""
+        self._spawn()
         async with asyncio.timeout(timeout):
             while self._ready() < self._size:
                 await asyncio.sleep(0.01)
@@ -200,8 +212,8 @@ class RenderPool:
         return sum(1 for worker in self._workers if worker.booted and worker.alive)
 
     def ready(self) -> bool:
-        """At least one worker can render (part of `/readyz`)."""
-        return self._ready() > 0
+        """Started, and at least one worker can render or none was needed yet (`/readyz`)."""
+        return self._started and (not self._spawned or self._ready() > 0)
 
     @property
     def pids(self) -> list[int]:
@@ -281,6 +293,7 @@ class RenderPool:
             return await self._render_inline(body)
         if not self._started or self._closing:
             raise RuntimeError("the render pool is not running (start it in the lifespan)")
+        self._spawn()
         worker = await self._acquire()
         # The exchange with the worker runs in its own task: a caller that is cancelled (its
         # client left) must not leave a reply in the pipe for the next request to read.

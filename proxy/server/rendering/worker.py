@@ -34,6 +34,7 @@ pipe at start, so a stray write to stdout cannot corrupt a frame (it goes to std
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import pickle
 import signal
@@ -189,6 +190,7 @@ def serve(vocab_dir: Path, inbound: BinaryIO, outbound: BinaryIO) -> None:
     options = RenderOptions.decode(first)
     encoding = vocab.load_encoding(vocab_dir)
     prefixes = PrefixCache(encoding)
+    gc.freeze()  # start-up's objects live as long as the process: no GC pass walks them
     _write(outbound, READY)
     while True:
         header = _read_exact(inbound, HEADER.size)

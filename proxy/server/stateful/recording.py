@@ -12,6 +12,9 @@ The writer calls `take()` when it gets to this recorder: the record is created w
 events (`Create`: the response as `response.created` carried it, the input items as listed,
 aliases for their ids), every later batch is one `Append` however many frames piled up, and the
 end replaces the record with the terminal snapshot (`Update`, aliases for the output items).
+Once the record is created, the recorder keeps what the end needs of it (the input items, the
+chain) as the encoded bytes, not as Python objects: a few hundred bytes per open stream instead
+of their dicts (bench/stream_memory.py).
 
 A response created with `conversation` also adds, in the same batch as its end, its
 input items and then its output items to the conversation (one `Push`: concurrent responses'
@@ -27,7 +30,7 @@ from dataclasses import replace
 from typing import Any
 
 from proxy.harmony.history.conversation import encode_items
-from proxy.harmony.history.stored import StoredResponse, encode_events
+from proxy.harmony.history.stored import StoredResponse, encode_events, encode_record
 from proxy.server.stateful.state import Context, Stateful
 from proxy.store import Append, Create, Op, Push, StoreError, Update
 
@@ -52,7 +55,12 @@ class Recorder:
         self._keep = keep
         self._created = created or not keep
         self._pending: list[dict[str, Any]] = []
-        self._final: StoredResponse | None = None
+        #: The terminal snapshot, until it is taken.
+        self._final: dict[str, Any] | None = None
+        #: The record without its response, encoded, once it is in the store (module doc).
+        self._rest: bytes | None = None
+        if created and keep:
+            self._rest, self.record = record.rest(), _GONE
         #: The conversation the response adds its items to, and its input items.
         self.conversation: tuple[str, tuple[dict[str, Any], ...]] | None = None
         self._added: tuple[dict[str, Any], ...] = ()
@@ -80,7 +88,7 @@ class Recorder:
             self.add(events)
             ended = events[-1]["response"]
             if self._keep:
-                self._final = replace(self.record, response=ended)
+                self._final = ended
             if self.conversation is not None and ended["status"] in _ADDED_WHEN:
                 self._added = (*self.conversation[1], *(ended.get("output") or []))
         if not self._keep and not self._added:
@@ -114,17 +122,20 @@ class Recorder:
                     aliases=tuple(item["id"] for item in self.record.input),
                 )
             )
+            if self._keep:
+                self._rest, self.record = self.record.rest(), _GONE
         if self._pending:
             mark, data = encode_events(self._pending)
             self._pending = []
             ops.append(Append(self.key, mark, data))
         if self._final is not None:
             final, self._final = self._final, None
-            output = final.response.get("output") or []
+            output = final.get("output") or []
+            rest = self._rest if self._rest is not None else self.record.rest()
             ops.append(
                 Update(
                     self.key,
-                    final.encode(),
+                    encode_record(final, rest),
                     lease=0.0,
                     aliases=tuple(item["id"] for item in output if item.get("id")),
                 )
@@ -135,6 +146,8 @@ class Recorder:
         return ops
 
 
+#: What a recorder's `record` is once the store has it (module docstring).
+_GONE = StoredResponse({})
 #: The statuses whose items a conversation keeps (module docstring).
 _ADDED_WHEN = frozenset({"completed", "incomplete"})
 
