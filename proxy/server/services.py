@@ -25,6 +25,7 @@ from proxy.harmony.response import IdFactory, random_id
 from proxy.harmony.stream.parser import TokenTable
 from proxy.logs import get_logger
 from proxy.metrics import Metrics
+from proxy.metrics_ws import WebSocketMetrics
 from proxy.server.deps import RepairDeps, ServerState
 from proxy.server.http.budget import BodyBudget
 from proxy.server.rendering.pool import Renderer, default_renderer
@@ -75,6 +76,8 @@ class Services:
     background: Background | None = None
     #: A store given by the caller; None: the lifespan opens the one `store_url` names.
     store: Store | None = None
+    #: The WebSocket sessions' metrics (routes/websocket.py).
+    websocket: WebSocketMetrics | None = None
 
     @property
     def settings(self) -> Settings:
@@ -163,6 +166,7 @@ def build_services(
         stateful=stateful,
         background=None if stateful is None else Background(deps, stateful),
         store=store,
+        websocket=WebSocketMetrics(registry),
     )
 
 
