@@ -4,6 +4,7 @@ upstream: openai-python's `responses.connect()`, a tool loop continued with
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,6 +13,8 @@ from openai import OpenAI
 from openai_harmony import HarmonyEncoding
 
 from proxy.simulator import SimulatorConfig, create_simulator_app
+from tests.agents_support import MODEL as AGENT_MODEL
+from tests.agents_support import weather_agent
 from tests.live import LiveServer
 from tests.reliability import Proxy, running_proxy
 
@@ -46,9 +49,77 @@ def one_turn(connection: Any, **request: Any) -> list[Any]:
 
 
 def test_responses_connect_answers_a_turn_with_the_events_of_the_sse_stream(proxy: Proxy) -> None:
-    with client_of(proxy).responses.connect() as connection:
+    with client_of(proxy) as client, client.responses.connect() as connection:
         events = one_turn(connection, model=MODEL, input="Say hello.")
     kinds = [event.type for event in events]
     assert kinds[:2] == ["response.created", "response.in_progress"]
     assert kinds[-1] == "response.completed"
     assert [event.sequence_number for event in events] == list(range(len(events)))
+
+
+def test_a_tool_loop_continues_the_connections_last_response_with_store_false(
+    proxy: Proxy,
+) -> None:
+    tools = [
+        {
+            "type": "function",
+            "name": "get_weather",
+            "description": "Current weather for a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        }
+    ]
+    with client_of(proxy) as client, client.responses.connect() as connection:
+        first = one_turn(
+            connection, model=MODEL, input="Weather in Paris?", tools=tools, store=False
+        )[-1].response
+        calls = [item for item in first.output if item.type == "function_call"]
+        assert calls, [item.type for item in first.output]
+        outputs = [
+            {"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21 C"}
+            for call in calls
+        ]
+        second = one_turn(
+            connection,
+            model=MODEL,
+            input=outputs,
+            tools=tools,
+            store=False,
+            previous_response_id=first.id,
+        )[-1]
+    assert second.type == "response.completed", second
+    assert second.response.previous_response_id == first.id
+    # The history came from the connection: the prompt holds the first turn's input.
+    assert second.response.usage.input_tokens > first.usage.input_tokens
+    # Over HTTP, with the store off, nothing knows that response.
+    with client_of(proxy) as client, pytest.raises(Exception, match=r"previous_response|store"):
+        client.responses.create(
+            model=MODEL, input=outputs, tools=tools, store=False, previous_response_id=first.id
+        )
+
+
+def test_the_agents_sdk_websocket_model_runs_a_tool_loop(proxy: Proxy) -> None:
+    import agents  # the openai-agents package (dev set)
+    from openai import AsyncOpenAI
+
+    calls: list[str] = []
+
+    async def run() -> object:
+        async with AsyncOpenAI(base_url=proxy.url + "/v1", api_key="x") as client:
+            agent = weather_agent(client, calls)
+            agent.model = agents.OpenAIResponsesWSModel(model=AGENT_MODEL, openai_client=client)
+            first = await agents.Runner.run(agent, "What's the weather in Paris?")
+            second = await agents.Runner.run(
+                agent, [*first.to_input_list(), {"role": "user", "content": "And in Tokyo?"}]
+            )
+            await agent.model.close()
+            return second.final_output
+
+    final = asyncio.run(run())
+    assert len(calls) >= 2  # the model called the tool in each run, over the WebSocket
+    assert isinstance(final, str)
+    assert final
+    assert proxy.metric("proxy_websocket_messages_total", direction="in") >= 4
