@@ -92,7 +92,9 @@ class Session:
         self, services: Services, scope: Scope, send: Send, metrics: WebSocketMetrics
     ) -> None:
         self.services = services
-        self.scope = scope
+        # The handshake's own headers are not the turns' (never forwarded upstream).
+        headers = [(n, v) for n, v in scope["headers"] if not n.startswith(b"sec-websocket-")]
+        self.scope = {**scope, "headers": headers}
         self._send = send
         self.metrics = metrics
         self.scope_key = scope_of(scope["headers"], services.settings.store_scope_header)
@@ -160,6 +162,8 @@ class Session:
                     param="type",
                     code="unknown_event_type",
                 )
+            if self.services.state.draining:
+                raise _shutting_down()
             if self.turn is not None:
                 raise ClientError(
                     "a response is already running on this WebSocket connection; send the next "
@@ -167,8 +171,6 @@ class Session:
                     param="stream_id" if stream_id is not None else None,
                     code=BUSY,
                 )
-            if self.services.state.draining:
-                raise _shutting_down()
             if event.get("background") is True:
                 raise ClientError(
                     "background is not supported over WebSocket; use POST /v1/responses",
