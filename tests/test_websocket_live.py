@@ -123,3 +123,49 @@ def test_the_agents_sdk_websocket_model_runs_a_tool_loop(proxy: Proxy) -> None:
     assert isinstance(final, str)
     assert final
     assert proxy.metric("proxy_websocket_messages_total", direction="in") >= 4
+
+
+@pytest.fixture(scope="module")
+def stored(upstream: str, encoding: HarmonyEncoding) -> Iterator[Proxy]:
+    with running_proxy(upstream, encoding, store_url="memory://") as proxy:
+        yield proxy
+
+
+def test_a_stored_response_continues_over_the_socket_as_over_http_for_its_credential(
+    stored: Proxy,
+) -> None:
+    with (
+        OpenAI(base_url=stored.url + "/v1", api_key="sk-alice", max_retries=0) as alice,
+        OpenAI(base_url=stored.url + "/v1", api_key="sk-bob", max_retries=0) as bob,
+    ):
+        made = alice.responses.create(model=MODEL, input="Remember the number 7.")
+        with alice.responses.connect() as connection:
+            turn = one_turn(
+                connection, model=MODEL, input="Which number?", previous_response_id=made.id
+            )[-1]
+            kept = turn.response.id
+            # The session's own last response, stored: continued through the store.
+            again = one_turn(connection, model=MODEL, input="Again?", previous_response_id=kept)
+        with bob.responses.connect() as connection:
+            foreign = one_turn(
+                connection, model=MODEL, input="Which number?", previous_response_id=made.id
+            )[-1]
+        later = alice.responses.retrieve(again[-1].response.id)
+    assert turn.type == "response.completed"
+    assert turn.response.usage.input_tokens > made.usage.input_tokens
+    assert again[-1].type == "response.completed"
+    assert later.previous_response_id == kept
+    assert foreign.type == "error"
+    assert foreign.error.code == "previous_response_not_found"
+
+
+def test_a_session_forgets_its_unstored_response_when_it_closes(proxy: Proxy) -> None:
+    with client_of(proxy) as client:
+        with client.responses.connect() as connection:
+            first = one_turn(connection, model=MODEL, input="Hi", store=False)[-1].response
+        with client.responses.connect() as connection:
+            refused = one_turn(
+                connection, model=MODEL, input="Again", store=False, previous_response_id=first.id
+            )[-1]
+    assert refused.type == "error"
+    assert refused.status == 400
