@@ -76,6 +76,14 @@ def test_bad_messages_are_error_events_and_the_session_goes_on(proxy: Proxy) -> 
     assert background["error"]["param"] == "background"
     assert events[0]["type"] == "response.created"
     assert events[-1]["type"] in ("response.completed", "response.incomplete")
+    # counted and logged per response as over HTTP, the transport named
+    lines = [
+        vars(r)
+        for r in proxy.logs.records
+        if r.getMessage() == "request" and getattr(r, "transport", None) == "ws"
+    ]
+    assert any(line["outcome"] in ("completed", "incomplete") for line in lines), lines
+    assert wait_for(lambda: proxy.metric("proxy_websocket_turns_per_session_count") >= 1, 5)
 
 
 def test_an_oversized_message_closes_the_connection_with_1009(proxy: Proxy) -> None:

@@ -197,3 +197,21 @@ def test_a_get_without_upgrade_is_still_passed_through(
             answer += chunk
     assert not answer.startswith(b"HTTP/1.1 101")
     assert any(seen.path == "/v1/responses" for seen in double.seen)
+
+
+def test_a_client_that_answers_no_ping_is_closed(
+    upstream: tuple[UpstreamDouble, LiveServer], encoding: HarmonyEncoding
+) -> None:
+    with running_proxy(upstream[1].url, encoding, ws_ping_interval=0.5) as proxy:
+        with socket.create_connection(("127.0.0.1", proxy.server.port), timeout=10) as sock:
+            sock.sendall(_handshake())
+            received = sock.recv(4096)
+            assert received.startswith(b"HTTP/1.1 101")
+            started = time.monotonic()
+            while chunk := sock.recv(4096):  # pings come; no pong goes back
+                received += chunk
+            took = time.monotonic() - started
+        assert b"\x89" in received  # a ping frame was sent
+        assert 0.5 < took < 3  # one interval to the ping, one more for its pong
+        assert wait_for(lambda: proxy.metric("proxy_websocket_sessions") == 0, 5)
+        assert wait_for(lambda: proxy.metric("proxy_client_connections") == 0, 5)
