@@ -116,7 +116,8 @@ class Session:
                     await self._close(NORMAL, "idle timeout")
                     return
                 if self.turn is not None and self.turn.done():
-                    self.turn = None
+                    turn, self.turn = self.turn, None
+                    turn.result()  # a turn ends by itself; a bug in it is not swallowed
                 if drain in done:
                     drain = loop.create_future()  # seen: never again
                 if state.draining and self.turn is None:
@@ -196,7 +197,12 @@ class Session:
         sent = body
         continued: str | None = None
         last, previous = self.last, body.get("previous_response_id")
-        if last is not None and previous == last.response_id and not last.stored:
+        if (
+            last is not None
+            and previous == last.response_id
+            and not last.stored
+            and body.get("conversation") is None  # both: refused as over HTTP
+        ):
             sent = history.merged_body(body, last.items)
             continued = last.response_id
         try:
