@@ -17,6 +17,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from proxy.simulator import SimulatorConfig, create_simulator_app, simulator_state
 from tests.live import LiveServer, wait_for
+from tests.openapi import assert_events_match_spec, spec_errors
 from tests.reliability import Proxy, running_proxy
 
 #: Slow tokens: a turn lasts long enough to be interrupted.
@@ -76,6 +77,10 @@ def test_bad_messages_are_error_events_and_the_session_goes_on(proxy: Proxy) -> 
     assert background["error"]["param"] == "background"
     assert events[0]["type"] == "response.created"
     assert events[-1]["type"] in ("response.completed", "response.incomplete")
+    # every message is one of the spec's WebSocket server events
+    for event in [bad_json, unknown, background, *events]:
+        assert spec_errors(event, "ResponsesServerEvent") == [], event
+    assert_events_match_spec(events)
     # counted and logged per response as over HTTP, the transport named
     lines = [
         vars(r)
@@ -93,6 +98,22 @@ def test_an_oversized_message_closes_the_connection_with_1009(proxy: Proxy) -> N
             connection.recv(timeout=10)
     assert closed.value.rcvd is not None
     assert closed.value.rcvd.code == 1009
+
+
+def test_previous_response_id_with_conversation_is_refused_as_over_http(proxy: Proxy) -> None:
+    with ws(proxy) as connection:
+        create(connection, max_output_tokens=16, store=False)
+        events = [receive(connection)]
+        while events[-1]["type"] not in TERMINAL:
+            events.append(receive(connection))
+        create(
+            connection,
+            previous_response_id=events[-1]["response"]["id"],
+            conversation="conv_123",
+        )
+        refused = receive(connection)
+    assert refused["type"] == "error"
+    assert refused["status"] == 400
 
 
 def test_a_second_create_mid_turn_is_refused_and_the_first_turn_ends(proxy: Proxy) -> None:
