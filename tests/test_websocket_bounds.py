@@ -160,3 +160,35 @@ def test_an_idle_session_is_closed(proxy: Proxy) -> None:
 def test_a_websocket_on_another_path_is_refused(proxy: Proxy) -> None:
     with pytest.raises(Exception, match="403"):
         connect(proxy.url.replace("http://", "ws://") + "/v1/chat/completions", open_timeout=5)
+
+
+def test_a_warm_up_generates_nothing_and_its_response_can_be_continued(
+    proxy: Proxy, sim: Any
+) -> None:
+    state = simulator_state(sim[1])
+    with ws(proxy) as connection:
+        before = len(state.requests)
+        create(connection, generate=False, store=False, instructions="Be brief.")
+        warm = [receive(connection) for _ in range(3)]
+        assert len(state.requests) == before  # nothing reached upstream
+        create(
+            connection,
+            input="And now?",
+            store=False,
+            max_output_tokens=16,
+            previous_response_id=warm[-1]["response"]["id"],
+        )
+        events = [receive(connection)]
+        while events[-1]["type"] not in TERMINAL:
+            events.append(receive(connection))
+    assert [event["type"] for event in warm] == [
+        "response.created",
+        "response.in_progress",
+        "response.completed",
+    ]
+    assert warm[-1]["response"]["output"] == []
+    assert warm[-1]["response"]["usage"]["output_tokens"] == 0
+    assert_events_match_spec(warm)
+    continued = events[-1]["response"]
+    assert continued["previous_response_id"] == warm[-1]["response"]["id"]
+    assert continued["usage"]["input_tokens"] > warm[-1]["response"]["usage"]["input_tokens"]

@@ -169,3 +169,24 @@ def test_a_session_forgets_its_unstored_response_when_it_closes(proxy: Proxy) ->
             )[-1]
     assert refused.type == "error"
     assert refused.status == 400
+
+
+def test_a_stored_warm_up_is_retrievable_and_continued_over_http(stored: Proxy) -> None:
+    with OpenAI(base_url=stored.url + "/v1", api_key="sk-carol", max_retries=0) as client:
+        with client.responses.connect() as connection:
+            connection.send(
+                {"type": "response.create", "model": MODEL, "input": "Hi", "generate": False}
+            )
+            warm = None
+            for event in connection:
+                if event.type == "response.completed":
+                    warm = event.response
+                    break
+        assert warm is not None
+        kept = client.responses.retrieve(warm.id)
+        later = client.responses.create(
+            model=MODEL, input="Go on.", previous_response_id=warm.id, max_output_tokens=16
+        )
+    assert kept.status == "completed"
+    assert kept.output == []
+    assert later.previous_response_id == warm.id

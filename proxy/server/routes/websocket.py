@@ -41,7 +41,7 @@ from proxy.metrics_ws import WebSocketMetrics
 from proxy.server.deps import SHUTTING_DOWN
 from proxy.server.outcome import outcome_of, report
 from proxy.server.routes.answers import count_refusal, services_in
-from proxy.server.routes.repair import admit, refused_outcome
+from proxy.server.routes.repair import Admitted, admit, refused_outcome
 from proxy.server.services import Services
 from proxy.server.sink import WebSocketSink
 from proxy.server.stateful.scope import scope_of
@@ -52,7 +52,7 @@ NORMAL, GOING_AWAY = 1000, 1001
 BUSY = "websocket_stream_limit_reached"
 _STREAM_ID = re.compile(r"[A-Za-z0-9_.-]{1,256}")
 #: Envelope fields of `response.create` that are not `POST /v1/responses` fields.
-_ENVELOPE = ("type", "stream_id", "stream")
+_ENVELOPE = ("type", "stream_id", "stream", "generate")
 
 
 async def session(scope: Scope, receive: Receive, send: Send) -> None:
@@ -172,6 +172,10 @@ class Session:
                     param="stream_id" if stream_id is not None else None,
                     code=BUSY,
                 )
+            if not isinstance(event.get("generate", True), bool):
+                raise ClientError(
+                    "generate must be a boolean", param="generate", code="invalid_type"
+                )
             if event.get("background") is True:
                 raise ClientError(
                     "background is not supported over WebSocket; use POST /v1/responses",
@@ -184,11 +188,14 @@ class Session:
             return
         body = {key: value for key, value in event.items() if key not in _ENVELOPE}
         body["stream"] = True
-        self.turn = asyncio.create_task(self._run_turn(body, stream_id))
+        generate = event.get("generate") is not False
+        self.turn = asyncio.create_task(self._run_turn(body, stream_id, generate=generate))
 
     # -- a turn ------------------------------------------------------------------------------
 
-    async def _run_turn(self, body: dict[str, Any], stream_id: str | None) -> None:
+    async def _run_turn(
+        self, body: dict[str, Any], stream_id: str | None, *, generate: bool = True
+    ) -> None:
         services = self.services
         deps, state = services.deps, services.state
         started = services.monotonic()
@@ -230,6 +237,9 @@ class Session:
             return
         exchange = admitted.exchange
         sink = WebSocketSink(self._send, stream_id)
+        if not generate:
+            await self._warm_up(admitted, sink, model, body, sent)
+            return
         state.in_flight += 1
         deps.metrics.in_flight.inc()
         outcome = "client_disconnect"
@@ -261,6 +271,41 @@ class Session:
             self.metrics.messages.labels("out").inc(sink.sent)
             self.turns += 1
             report(deps, exchange, outcome, "true", model, body, transport="ws")
+        self._keep(admitted, sent)
+
+    async def _warm_up(
+        self,
+        admitted: Admitted,
+        sink: WebSocketSink,
+        model: str,
+        body: dict[str, Any],
+        sent: dict[str, Any],
+    ) -> None:
+        """`generate: false`: the request is validated and rendered, nothing is generated (no
+        upstream request); a completed response without output, which later turns may continue
+        with `previous_response_id`."""
+        exchange = admitted.exchange
+        events = exchange.core.start() + exchange.core.finish("stop", output_tokens=0)
+        exchange.phase = "streaming"
+        exchange.snapshot = events[-1]["response"]
+        outcome = "client_disconnect"
+        try:
+            if exchange.recorder is not None:
+                await exchange.recorder.finish(events)
+            await sink.events(events)
+            exchange.delivered = True
+            outcome = outcome_of(exchange)
+        except OSError:  # the client went
+            pass
+        finally:
+            self.metrics.messages.labels("out").inc(sink.sent)
+            self.turns += 1
+            report(self.services.deps, exchange, outcome, "true", model, body, transport="ws")
+        self._keep(admitted, sent)
+
+    def _keep(self, admitted: Admitted, sent: dict[str, Any]) -> None:
+        """Keep the turn's response as the session's last, when it ended well."""
+        exchange = admitted.exchange
         snapshot = exchange.snapshot
         if snapshot is not None and snapshot.get("status") in ("completed", "incomplete"):
             made_from = admitted.context.body if admitted.context is not None else sent
