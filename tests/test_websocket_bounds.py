@@ -45,12 +45,12 @@ def ws(proxy: Proxy) -> ClientConnection:
     return connect(proxy.url.replace("http://", "ws://") + "/v1/responses", open_timeout=5)
 
 
-def receive(connection: ClientConnection) -> dict[str, Any]:
+def receive(connection: Any) -> dict[str, Any]:
     event: dict[str, Any] = json.loads(connection.recv(timeout=10))
     return event
 
 
-def create(connection: ClientConnection, **fields: Any) -> None:
+def create(connection: Any, **fields: Any) -> None:
     body = {"type": "response.create", "model": MODEL, "input": "Tell me a long story.", **fields}
     connection.send(json.dumps(body))
 

@@ -128,8 +128,8 @@ def test_a_client_that_stops_reading_is_aborted_and_its_upstream_request_release
     double.seen.clear()
     header = ids_of(encoding, "<|channel|>final<|message|>")
     spaces = [72056] * 1000  # 128 spaces each: 8 MB of text, more than every socket buffer
-    double.script = [("frame", header, None, None)] + [("frame", spaces, None, None)] * 64
-    double.script.append(("sleep", 30.0))
+    script: list[Any] = [("frame", header, None, None), *[("frame", spaces, None, None)] * 64]
+    double.script = [*script, ("sleep", 30.0)]
     with running_proxy(upstream[1].url, encoding, send_timeout=0.5) as proxy:
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)

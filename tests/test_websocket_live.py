@@ -60,7 +60,7 @@ def test_responses_connect_answers_a_turn_with_the_events_of_the_sse_stream(prox
 def test_a_tool_loop_continues_the_connections_last_response_with_store_false(
     proxy: Proxy,
 ) -> None:
-    tools = [
+    tools: Any = [
         {
             "type": "function",
             "name": "get_weather",
@@ -78,7 +78,7 @@ def test_a_tool_loop_continues_the_connections_last_response_with_store_false(
         )[-1].response
         calls = [item for item in first.output if item.type == "function_call"]
         assert calls, [item.type for item in first.output]
-        outputs = [
+        outputs: Any = [
             {"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21 C"}
             for call in calls
         ]
@@ -152,6 +152,8 @@ def test_a_stored_response_continues_over_the_socket_as_over_http_for_its_creden
             )[-1]
         later = alice.responses.retrieve(again[-1].response.id)
     assert turn.type == "response.completed"
+    assert turn.response.usage is not None
+    assert made.usage is not None
     assert turn.response.usage.input_tokens > made.usage.input_tokens
     assert again[-1].type == "response.completed"
     assert later.previous_response_id == kept
