@@ -71,13 +71,13 @@ class Services:
     #: The memory of request bodies being read and rendered (http/budget.py).
     budget: BodyBudget
     logger: logging.Logger
+    #: The WebSocket sessions' metrics (routes/websocket.py).
+    websocket: WebSocketMetrics
     #: The store's side of the shell (None: `store_url = off`) and the background runs.
     stateful: Stateful | None = None
     background: Background | None = None
     #: A store given by the caller; None: the lifespan opens the one `store_url` names.
     store: Store | None = None
-    #: The WebSocket sessions' metrics (routes/websocket.py).
-    websocket: WebSocketMetrics | None = None
 
     @property
     def settings(self) -> Settings:

@@ -65,7 +65,7 @@ async def session(scope: Scope, receive: Receive, send: Send) -> None:
         await _send_error(send, _shutting_down(), None)
         await send({"type": "websocket.close", "code": GOING_AWAY})
         return
-    metrics = services.websocket or WebSocketMetrics(services.registry)
+    metrics = services.websocket
     run = Session(services, scope, send, metrics)
     metrics.sessions.inc()
     try:
