@@ -71,7 +71,7 @@ def test_sigterm_ends_the_turn_in_flight_then_closes_with_1001(
         proxy.stop()
     assert idle_closed.value.rcvd is not None
     assert idle_closed.value.rcvd.code == 1001
-    assert idle_took < 2
+    assert idle_took < 3
     assert [event["error"]["code"] for event in refusals] == ["server_shutting_down"]
     assert refusals[0]["status"] == 503
     assert events[-1]["type"] == "response.completed"
@@ -212,6 +212,6 @@ def test_a_client_that_answers_no_ping_is_closed(
                 received += chunk
             took = time.monotonic() - started
         assert b"\x89" in received  # a ping frame was sent
-        assert 0.5 < took < 3  # one interval to the ping, one more for its pong
+        assert 0.5 < took < 5  # one interval to the ping, one more for its pong
         assert wait_for(lambda: proxy.metric("proxy_websocket_sessions") == 0, 5)
         assert wait_for(lambda: proxy.metric("proxy_client_connections") == 0, 5)
