@@ -20,9 +20,6 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 
 from proxy.server.http.connections import Connections
 
-#: uvicorn's `ws=` choice: its protocol on the websockets library's sans-I/O core.
-WS_IMPLEMENTATION = "websockets-sansio"
-
 
 class GuardedWebSocket(WebSocketsSansIOProtocol):
     """uvicorn's WebSocket protocol, counted by the guard and with a bounded send wait (module
