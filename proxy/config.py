@@ -138,6 +138,18 @@ class Settings:
         "is closed, else the longest-idle keep-alive one, never one with a request in flight; "
         "with none to close the new connection gets 503 (0: no cap; lowered to fit the "
         "open-file limit)")
+    ws_max_message_bytes: int = setting(
+        16 * 1024 * 1024, values.positive_int,
+        "largest WebSocket message a client may send on GET /v1/responses (the connection is "
+        "closed with 1009 above it)")
+    ws_idle_timeout: float = setting(
+        300.0, values.positive_float,
+        "seconds a WebSocket session on /v1/responses may stay without a turn running and "
+        "without a client message before it is closed")
+    ws_ping_interval: float = setting(
+        20.0, values.positive_float,
+        "seconds between the proxy's WebSocket pings; a client that answers none within as long "
+        "again is closed")
     trusted_proxies: tuple[str, ...] = setting(
         (), values.addresses,
         "comma-separated IPs or CIDR blocks of proxies in front of this one: their "

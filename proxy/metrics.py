@@ -79,6 +79,7 @@ HTTP_LIMIT_KINDS = (
     "idle_shed",
     "connection_refused",
     "pipeline_full",
+    "ws_send_timeout",
 )
 
 _FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)

@@ -320,3 +320,15 @@ def test_profile_proxy_times_the_gc_with_the_store_on_and_off() -> None:
     for name in ("store on", "store off"):
         assert int(table[f"{name}, generation 0"][0]) >= 0, output
     assert "objects tracked at exit" in output
+
+
+def test_ws_loop_measures_both_transports_without_errors() -> None:
+    output = bench("ws_loop.py", "--turns", "3", "--repeats", "1", "--tokens", "20")
+    table = rows(output)
+    for mode in ("websocket", "http"):
+        assert table[mode][0] == "3", table  # turns
+        assert table[mode][-1] == "0", table  # no errors
+    # with 3 turns the history sent over HTTP already outweighs the new items alone
+    assert float(table["http"][1].replace(",", "")) > float(table["websocket"][1].replace(",", ""))
+    assert re.search(r"client bytes, http / websocket: [0-9.]+x", output), output
+    assert re.search(r"added ms / turn, websocket - http \(p50\): [+-][0-9.]+", output), output

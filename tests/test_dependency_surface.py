@@ -7,7 +7,9 @@ to the series checked here; raise a bound only after this file passes with the n
   replace its `data_received`, extend five of its methods, read its per-connection state and
   the `RequestResponseCycle`s it makes, and write `STATUS_LINE`s; `proxy/server/http/
   forwarding.py` reads `ProxyHeadersMiddleware.trusted_hosts`; `proxy/server/processes/
-  runner.py` overrides `Server.capture_signals`, `handle_exit` and `startup`.
+  runner.py` overrides `Server.capture_signals`, `handle_exit` and `startup`; `proxy/server/
+  http/closing.py` hands a WebSocket head to `handle_websocket_upgrade`, and `upgrade.py`
+  extends the `websockets-sansio` protocol's `connection_lost` and `send`.
 - openai-harmony: `proxy/harmony/stream/parser.py` feeds `StreamableParser._inner`, the
   compiled parser behind the Python wrapper, and reads its answers.
 - httptools: `guard_protocol.py` and `proxy/upstream/http1.py` find the exception a parser
@@ -66,6 +68,8 @@ UVICORN_SOURCES = {
     "HttpToolsProtocol._start_asgi_task": "7b5e573c86b798b0",
     "HttpToolsProtocol._unset_keepalive_if_required": "58f4ffce604d92dd",
     "HttpToolsProtocol.send_400_response": "0b0d3ace8d263788",
+    "HttpToolsProtocol.handle_websocket_upgrade": "9eedd6b3bd8e5780",
+    "HttpToolsProtocol._should_upgrade": "ae8ade68aa39944a",
     "RequestResponseCycle": "e67d470d435dcc1c",
 }
 
@@ -83,6 +87,32 @@ def test_the_uvicorn_code_the_guard_copies_or_extends_is_the_code_it_was_written
     qualified: str,
 ) -> None:
     assert _source_hash(qualified) == UVICORN_SOURCES[qualified], uvicorn_moved(qualified)
+
+
+#: uvicorn's WebSocket protocol, which http/upgrade.py extends (the count, the bounded send
+#: reading `writable`, `disconnected` and `transport`), as sha256 of its source.
+UVICORN_WEBSOCKET_SOURCES = {
+    "__init__": "cdad078596a7c53a",
+    "connection_made": "453e89b605d1ec7b",
+    "connection_lost": "bf96e8d2c2929c88",
+    "send": "c5511914bfc5e4c2",
+    "shutdown": "acb3a22483920bf2",
+    "pause_writing": "706981ee7dc59872",
+    "resume_writing": "0c0d433fc901eba0",
+}
+
+
+@pytest.mark.parametrize("name", sorted(UVICORN_WEBSOCKET_SOURCES))
+def test_the_uvicorn_websocket_code_the_upgrade_extends_is_the_code_it_was_written_against(
+    name: str,
+) -> None:
+    from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+
+    source = textwrap.dedent(inspect.getsource(getattr(WebSocketsSansIOProtocol, name)))
+    found = hashlib.sha256(source.encode()).hexdigest()[:16]
+    assert found == UVICORN_WEBSOCKET_SOURCES[name], uvicorn_moved(
+        f"WebSocketsSansIOProtocol.{name} (re-check proxy/server/http/upgrade.py)"
+    )
 
 
 def test_the_uvicorn_methods_the_guard_extends_take_what_it_passes() -> None:

@@ -2,6 +2,7 @@
 the `Services` built once per app (services.py).
 
     POST /v1/responses                    repaired, or passed on (routes/responses.py)
+    GET /v1/responses + Upgrade           a WebSocket session of turns (routes/websocket.py)
     /v1/responses/input_tokens, /v1/responses/{id}…   the stored responses (routes/stored.py)
     /v1/conversations…                    conversations and their items (routes/conversations.py)
     GET /healthz, /readyz, /metrics       the probes (routes/probes.py)
@@ -18,12 +19,19 @@ from typing import Unpack
 from openai_harmony import HarmonyEncoding
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.routing import Mount, Route
+from starlette.routing import Mount, Route, WebSocketRoute
 
 from proxy.config import Settings
 from proxy.server.http.forwarding import ForwardingMiddleware
 from proxy.server.lifespan import lifespan
-from proxy.server.routes import conversations, passthrough, probes, responses, stored
+from proxy.server.routes import (
+    conversations,
+    passthrough,
+    probes,
+    responses,
+    stored,
+    websocket,
+)
 from proxy.server.routes.answers import Counted
 from proxy.server.services import Seams, build_services
 
@@ -49,6 +57,7 @@ def create_app(settings: Settings, encoding: HarmonyEncoding, **seams: Unpack[Se
     ]
     app = Starlette(
         routes=[
+            WebSocketRoute("/v1/responses", Counted(websocket.session)),
             Route("/v1/responses", Counted(responses.create), methods=None),
             Route("/v1/responses/input_tokens", stored.input_tokens, methods=["POST"]),
             *(stored_routes if services.stateful is not None else []),
@@ -63,6 +72,7 @@ def create_app(settings: Settings, encoding: HarmonyEncoding, **seams: Unpack[Se
             Route("/healthz", probes.healthz, methods=["GET"]),
             Route("/readyz", probes.readyz, methods=["GET"]),
             Route("/metrics", probes.metrics, methods=["GET"]),
+            WebSocketRoute("/{path:path}", websocket.elsewhere),
             Mount("/", Counted(passthrough.everything_else)),
         ],
         middleware=[Middleware(ForwardingMiddleware, trusted_proxies=settings.trusted_proxies)],

@@ -49,6 +49,8 @@ class ServerState:
     #: the drain (processes/runner.py).
     active: int = 0
     draining: bool = False
+    #: Set on the loop when the drain starts: what WebSocket sessions wait on to end.
+    drain_started: asyncio.Event = field(default_factory=asyncio.Event)
     #: True once the drain period is over: open streams end with `response.failed`.
     force_end: bool = False
     #: What wakes each open stream's wait for its next frame when the drain is over (a

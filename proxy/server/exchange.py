@@ -22,7 +22,6 @@ from typing import Any, Protocol
 
 from starlette.types import Send
 
-from proxy import sse
 from proxy.errors import UpstreamError
 from proxy.harmony.constraint import CONSTRAINT_VIOLATED
 from proxy.harmony.request.prepare import PreparedRequest
@@ -33,6 +32,7 @@ from proxy.server import asgi
 from proxy.server.deadline import Deadline
 from proxy.server.deps import SHUTTING_DOWN, RepairDeps, until_drained
 from proxy.server.selfcheck import SelfCheck
+from proxy.server.sink import EventSink
 from proxy.upstream.completions import FrameError
 from proxy.upstream.frames import Frames
 
@@ -119,30 +119,28 @@ class Exchange:
 
     # -- the two answers: an event stream, or one JSON object --------------------------------
 
-    async def stream(self, send: Send) -> None:
-        headers = [*asgi.SSE_HEADERS, (b"x-request-id", self.request_id.encode())]
+    async def stream(self, sink: EventSink) -> None:
+        """The events, as upstream's frames come, written to `sink` (sink.py)."""
         # The core is made while upstream reads the request (its tables cost ~0.1 ms): the
         # callback runs when this task first waits for upstream. It is started only once
         # upstream answered.
         asyncio.get_running_loop().call_soon(self._make_core)
         async with self._opened() as frames:
-            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await sink.open()
             self.phase = "before_first_token"
-            await self._write(send, self.core.start())
+            await self._write(sink, self.core.start())
             self.deps.metrics.first_event.observe(self.deps.monotonic() - self.started)
             try:
                 async for events in self._pump(frames, keepalive=True):
                     if events:
-                        await self._write(send, events)
+                        await self._write(sink, events)
                     else:
-                        await send(
-                            {"type": "http.response.body", "body": sse.KEEPALIVE, "more_body": True}
-                        )
+                        await sink.keepalive()
             except _End as end:
-                await self._write(send, end.events)
+                await self._write(sink, end.events)
             else:
                 await _release(frames)
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await sink.close()
 
     async def answer(self, send: Send) -> None:
         """`stream: false`: the same path, answered with the terminal snapshot as JSON."""
@@ -322,12 +320,10 @@ class Exchange:
             return []
         return self.core.cancel()
 
-    async def _write(self, send: Send, events: list[dict[str, Any]]) -> None:
+    async def _write(self, sink: EventSink, events: list[dict[str, Any]]) -> None:
         if self.recorder is not None:
             await self._keep(events)
-        await send(
-            {"type": "http.response.body", "body": sse.encode_all(events), "more_body": True}
-        )
+        await sink.events(events)
         # The check follows what was written, after the bytes are on their way (latency).
         self.selfcheck.observe(events)
         self._note(events)

@@ -26,6 +26,7 @@ def report(
     stream_label: str,
     model: str,
     body: dict[str, Any],
+    **extra: Any,
 ) -> None:
     """Count and log `exchange`, which ended with `outcome` (module doc). `body` is logged only
     when an operator asked for content (`log_content`, a debug setting)."""
@@ -63,4 +64,5 @@ def report(
         items_unannounced=record.items_unannounced,
         malformed=dict(record.malformed) or None,
         selfcheck=exchange.selfcheck.problem,
+        **extra,
     )

@@ -25,6 +25,7 @@ from proxy.harmony.response import IdFactory, random_id
 from proxy.harmony.stream.parser import TokenTable
 from proxy.logs import get_logger
 from proxy.metrics import Metrics
+from proxy.metrics_ws import WebSocketMetrics
 from proxy.server.deps import RepairDeps, ServerState
 from proxy.server.http.budget import BodyBudget
 from proxy.server.rendering.pool import Renderer, default_renderer
@@ -70,6 +71,8 @@ class Services:
     #: The memory of request bodies being read and rendered (http/budget.py).
     budget: BodyBudget
     logger: logging.Logger
+    #: The WebSocket sessions' metrics (routes/websocket.py).
+    websocket: WebSocketMetrics
     #: The store's side of the shell (None: `store_url = off`) and the background runs.
     stateful: Stateful | None = None
     background: Background | None = None
@@ -163,6 +166,7 @@ def build_services(
         stateful=stateful,
         background=None if stateful is None else Background(deps, stateful),
         store=store,
+        websocket=WebSocketMetrics(registry),
     )
 
 

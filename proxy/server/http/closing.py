@@ -34,6 +34,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from proxy.errors import ProxyError
 from proxy.server.http.connections import Connections
+from proxy.server.http.upgrade import GuardedWebSocket
 
 #: Bytes a connection we answered may still send us before we close it anyway (a reset): room
 #: for a body over the default `max_body_bytes` or a multi-megabyte header line to arrive whole.
@@ -121,6 +122,22 @@ class ClosingProtocol(HttpToolsProtocol):
         if self._idle:
             self._idle = False
             self.guard.idle.pop(self, None)
+
+    def _upgrade(self) -> None:
+        """A WebSocket handshake passed the head limits: the connection is the WebSocket
+        protocol's from here (upgrade.py), still counted, in no register; a client that asked
+        while an answer of this connection is still under way is closed."""
+        self._cancel_timers()
+        self._leave_waiting()
+        self._leave_idle()
+        cycle = self.cycle
+        if self.pipeline or (cycle is not None and not cycle.response_complete):
+            self.transport.close()
+            return
+        self.handle_websocket_upgrade()
+        protocol = self.transport.get_protocol()
+        if isinstance(protocol, GuardedWebSocket):
+            protocol.handed_over()
 
     def shed(self) -> None:
         """Close this connection now to make room for a new one (`Connections.make_room`)."""

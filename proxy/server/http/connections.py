@@ -30,6 +30,10 @@ class Limits:
     keepalive_timeout: float
     #: 0: no cap.
     max_connections: int
+    #: Seconds a send may wait on a client that stopped reading (a WebSocket is then aborted).
+    send_timeout: float
+    ws_max_message_bytes: int
+    ws_ping_interval: float
     #: Connections the kernel may queue until they are accepted (uvicorn's `backlog`).
     backlog: int = BACKLOG
 

@@ -50,6 +50,7 @@ from proxy.config import Settings
 from proxy.metrics import Metrics
 from proxy.server.http.connections import BACKLOG, Connections, Limits
 from proxy.server.http.guard_protocol import GuardedProtocol
+from proxy.server.http.upgrade import GuardedWebSocket
 
 __all__ = ["Guard", "Limits", "fit_open_files", "http_guard"]
 
@@ -72,13 +73,24 @@ class Guard(Connections):
 
         return Bound
 
+    def websocket_protocol(self) -> type[GuardedWebSocket]:
+        """The protocol class for `uvicorn.Config(ws=...)`, bound to this guard (upgrade.py)."""
+
+        class Bound(GuardedWebSocket):
+            guard = self
+
+        return Bound
+
     def uvicorn_options(self) -> dict[str, Any]:
         """`uvicorn.Config` keywords for a server guarded by this guard. uvicorn's own forwarding
         middleware stays off: the app applies it with `trusted_proxies` (forwarding.py), after
         noting the real peer; uvicorn's default would trust any client on 127.0.0.1."""
         return {
             "http": self.protocol(),
-            "ws": "none",
+            "ws": self.websocket_protocol(),
+            "ws_max_size": self.limits.ws_max_message_bytes,
+            "ws_ping_interval": self.limits.ws_ping_interval,
+            "ws_ping_timeout": self.limits.ws_ping_interval,
             "proxy_headers": False,
             "backlog": self.limits.backlog,
         }

@@ -165,8 +165,8 @@ class GuardedProtocol(ClosingProtocol):
         except httptools.HttpParserError:
             self._bad_request()
             return
-        except httptools.HttpParserUpgrade:  # `ws="none"`: served as plain HTTP, as uvicorn does
-            self._unsupported_upgrade_warning()
+        except httptools.HttpParserUpgrade:  # a WebSocket (closing.py), else served as HTTP
+            self._upgrade() if self._should_upgrade() else self._unsupported_upgrade_warning()
             return
         # Timers only for what this chunk left unfinished: most requests arrive whole in one
         # read and never arm one (the first byte came in this very call).
@@ -206,8 +206,7 @@ class GuardedProtocol(ClosingProtocol):
             self.transport.close()
 
     def on_headers_complete(self) -> None:
-        # Checked once the head is in (uvicorn has collected it), not per header: no Python
-        # call per header line. An unfinished head is bounded by `_head_bytes` meanwhile.
+        # Checked once the head is in, not per header line; until then `_head_bytes` bounds it.
         limits = self._limits
         if len(self.headers) > limits.max_headers:
             raise _Refusal(
@@ -231,6 +230,8 @@ class GuardedProtocol(ClosingProtocol):
         self._in_body = True
         self._body_bytes = 0
         super().on_headers_complete()
+        if self.parser.should_upgrade() and self._should_upgrade():
+            return  # no cycle: the head goes to the WebSocket protocol (`_upgrade`)
         cycle = self.cycle
         # uvicorn closes the connection through the cycle's transport: ours lingers (closing.py).
         cycle.transport = self._cycle_transport

@@ -115,6 +115,7 @@ class DrainingServer(uvicorn.Server):
         # Here, on the loop, not in the signal handler: with worker processes the metrics
         # are files written under a lock that the interrupted code may hold.
         self._on_drain()
+        self._state.drain_started.set()
         assert self._loop is not None
         self._drain = self._loop.create_task(self.drain())
 

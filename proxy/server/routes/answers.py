@@ -111,6 +111,22 @@ async def refuse(
     if close:
         headers.append((b"connection", b"close"))
     await asgi.send_error(send, error, headers)
+    count_refusal(services, error, request_id, started, outcome=outcome, stream=stream, model=model)
+
+
+def count_refusal(
+    services: Services,
+    error: ProxyError,
+    request_id: str,
+    started: float,
+    *,
+    outcome: str,
+    stream: str = "unknown",
+    model: str | None = None,
+    **extra: Any,
+) -> None:
+    """Count a `/v1/responses` refusal with `outcome` and write its log line (`extra`: more
+    fields of it, e.g. the WebSocket transport)."""
     metrics = services.metrics
     label = "other" if model is None else metrics.model_label(model)
     metrics.requests.labels("responses", stream, outcome, label).inc()
@@ -124,6 +140,7 @@ async def refuse(
         outcome=outcome,
         error=error.code or error.error_type,
         duration_ms=round((services.monotonic() - started) * 1000, 2),
+        **extra,
     )
 
 

@@ -20,6 +20,7 @@ stateful/background.py, which runs it with no client.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 from starlette.types import Scope, Send
@@ -33,6 +34,7 @@ from proxy.server.exchange import Exchange
 from proxy.server.outcome import outcome_of, report
 from proxy.server.routes.answers import refuse
 from proxy.server.services import Services
+from proxy.server.sink import SseSink
 from proxy.server.stateful.background import answer_background
 from proxy.server.stateful.recording import recorder
 from proxy.server.stateful.scope import refuse_without_store, scope_of
@@ -59,89 +61,25 @@ async def serve_repaired(
     stream_label = "true" if stream else "false"
     model = str(body.get("model"))
     id_header = [(b"x-request-id", request_id.encode())]
-    exchange: Exchange | None = None
-    outcome = "client_error"
     scope_key = scope_of(scope["headers"], settings.store_scope_header)
-    context: Context | None = None
     try:
-        try:
-            if stateful is not None:
-                prepared, context = await until_drained(
-                    state, stateful.prepare(body, scope_key, deps.renderer.prepare)
-                )
-            else:
-                refuse_without_store(body)
-                prepared = await until_drained(state, deps.renderer.prepare(body))
-        finally:
-            if on_prepared is not None:
-                on_prepared()
-        if not state.capability.token_ids:
-            raise UpstreamError(
-                f"cannot repair: {state.capability.detail}",
-                status=503 if not state.capability.reachable else 502,
-                code="upstream_not_capable",
-            )
-        if prepared.top_logprobs is not None and not state.capability.logprobs:
-            # Never a silent empty list: the client learns before generation.
-            raise ClientError(
-                "include 'message.output_text.logprobs' needs token logprobs from upstream's "
-                f"/v1/completions, which this upstream does not give ({state.capability.detail})",
-                param="include",
-                code="logprobs_unavailable",
-            )
-        constraint = prepared.constraint
-        guided = state.capability.guided
-        if (
-            constraint is not None
-            and constraint.engine_needed
-            and not guided
-            and settings.unenforced_constraints == "refuse"
-        ):
-            # Never a silent success (the output would go unchecked by the engine): the client
-            # learns before generation, and what would fix it.
-            metrics.constraint_refusals.labels(constraint.kind).inc()
-            raise ClientError(
-                refusal(constraint, state.capability), param=constraint.param, code=NOT_ENFORCED
-            )
-        if settings.max_concurrent_streams and state.in_flight >= settings.max_concurrent_streams:
-            outcome = "rejected"
-            raise ClientError(
-                f"the proxy is serving its limit of {settings.max_concurrent_streams} streams; "
-                "retry shortly",
-                status=429,
-                code="too_many_streams",
-            )
-        exchange = Exchange(
-            deps,
-            prepared,
-            request_id,
-            started,
-            asgi.header_pairs(scope),
-            guided=guided,
-            takes_response_format=state.capability.takes_response_format,
+        admitted = await admit(
+            services, scope, body, request_id, started, scope_key, on_prepared=on_prepared
         )
-        queued: dict[str, Any] | None = None
-        if context is not None and stateful is not None and context.recorded:
-            if context.background and services.background is not None:
-                queued = await services.background.launch(exchange, context, scope_key)
-            else:
-                exchange.recorder = recorder(stateful, exchange.response_id, scope_key, context)
     except ProxyError as error:
-        if isinstance(error, UpstreamError):
-            outcome = "upstream_error"
-        elif isinstance(error, UnavailableError):
-            outcome = "rejected"
         await refuse(
             services,
             send,
             error,
             request_id,
             started,
-            outcome=outcome,
+            outcome=refused_outcome(error),
             stream=stream_label,
             model=model,
         )
         return
+    exchange, queued = admitted.exchange, admitted.queued
+    outcome = "client_error"
 
     if queued is not None:  # it runs in background.py, counted and logged there
         assert stateful is not None
@@ -153,7 +91,11 @@ async def serve_repaired(
     try:
         try:
             timed_send = asgi.with_send_timeout(send, settings.send_timeout)
-            work = exchange.stream(timed_send) if stream else exchange.answer(timed_send)
+            work = (
+                exchange.stream(SseSink(timed_send, request_id))
+                if stream
+                else exchange.answer(timed_send)
+            )
             disconnected = await asgi.run_until_disconnect(inbound, work)
         except ProxyError as error:  # before the first byte: an HTTP error
             # A `stream: false` answer whose upstream broke mid-way was counted by `_fail`
@@ -192,6 +134,114 @@ async def serve_repaired(
             # Ended early (client gone, error before the first byte): so does its stored copy.
             await exchange.recorder.finish(exchange.settle(), wait=False)
     report(deps, exchange, outcome, stream_label, model, body)
+
+
+@dataclass
+class Admitted:
+    """A request that passed every check before upstream: its exchange, the context it
+    continues (None: no store), and its queued object when it runs in the background."""
+
+    exchange: Exchange
+    context: Context | None
+    queued: dict[str, Any] | None = None
+
+
+def refused_outcome(error: ProxyError) -> str:
+    """The outcome a refusal before upstream is counted as."""
+    if isinstance(error, UpstreamError):
+        return "upstream_error"
+    if isinstance(error, UnavailableError) or error.code == TOO_MANY_STREAMS:
+        return "rejected"
+    return "client_error"
+
+
+async def admit(
+    services: Services,
+    scope: Scope,
+    body: dict[str, Any],
+    request_id: str,
+    started: float,
+    scope_key: str,
+    *,
+    on_prepared: Callable[[], None] | None = None,
+    previous_response_id: str | None = None,
+) -> Admitted:
+    """Render `body` (with its stored context), check what upstream can do and the stream
+    limit, and make its exchange; a refusal raises `ProxyError`. `previous_response_id`: the
+    response `body`'s input already continues (a WebSocket session's own, merged by it), echoed
+    in the response object."""
+    deps, stateful = services.deps, services.stateful
+    state, settings = deps.state, deps.settings
+    context: Context | None = None
+    try:
+        if stateful is not None:
+            prepared, context = await until_drained(
+                state, stateful.prepare(body, scope_key, deps.renderer.prepare)
+            )
+        else:
+            refuse_without_store(body)
+            prepared = await until_drained(state, deps.renderer.prepare(body))
+    finally:
+        if on_prepared is not None:
+            on_prepared()
+    if previous_response_id is not None:
+        echo = {**prepared.echo, "previous_response_id": previous_response_id}
+        prepared = replace(prepared, echo=echo)
+    if not state.capability.token_ids:
+        raise UpstreamError(
+            f"cannot repair: {state.capability.detail}",
+            status=503 if not state.capability.reachable else 502,
+            code="upstream_not_capable",
+        )
+    if prepared.top_logprobs is not None and not state.capability.logprobs:
+        # Never a silent empty list: the client learns before generation.
+        raise ClientError(
+            "include 'message.output_text.logprobs' needs token logprobs from upstream's "
+            f"/v1/completions, which this upstream does not give ({state.capability.detail})",
+            param="include",
+            code="logprobs_unavailable",
+        )
+    constraint = prepared.constraint
+    guided = state.capability.guided
+    if (
+        constraint is not None
+        and constraint.engine_needed
+        and not guided
+        and settings.unenforced_constraints == "refuse"
+    ):
+        # Never a silent success (the output would go unchecked by the engine): the client
+        # learns before generation, and what would fix it.
+        deps.metrics.constraint_refusals.labels(constraint.kind).inc()
+        raise ClientError(
+            refusal(constraint, state.capability), param=constraint.param, code=NOT_ENFORCED
+        )
+    if settings.max_concurrent_streams and state.in_flight >= settings.max_concurrent_streams:
+        raise ClientError(
+            f"the proxy is serving its limit of {settings.max_concurrent_streams} streams; "
+            "retry shortly",
+            status=429,
+            code=TOO_MANY_STREAMS,
+        )
+    exchange = Exchange(
+        deps,
+        prepared,
+        request_id,
+        started,
+        asgi.header_pairs(scope),
+        guided=guided,
+        takes_response_format=state.capability.takes_response_format,
+    )
+    admitted = Admitted(exchange, context)
+    if context is not None and stateful is not None and context.recorded:
+        if context.background and services.background is not None:
+            admitted.queued = await services.background.launch(exchange, context, scope_key)
+        else:
+            exchange.recorder = recorder(stateful, exchange.response_id, scope_key, context)
+    return admitted
+
+
+#: The 429's code when the proxy serves `max_concurrent_streams` already.
+TOO_MANY_STREAMS = "too_many_streams"
 
 
 #: The 400's code when a constraint would go unenforced and the policy is to refuse it.

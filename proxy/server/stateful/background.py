@@ -32,6 +32,7 @@ from proxy.server import asgi
 from proxy.server.deps import SHUTTING_DOWN, RepairDeps
 from proxy.server.exchange import Exchange
 from proxy.server.outcome import outcome_of, report
+from proxy.server.sink import NO_SINK
 from proxy.server.stateful.follow import follow
 from proxy.server.stateful.recording import recorder
 from proxy.server.stateful.state import Context, Stateful
@@ -49,10 +50,6 @@ class _Run:
     scope: str
     task: asyncio.Task[None] | None = None
     reason: str | None = None  # why we cancelled it: "cancel" or "shutdown"
-
-
-async def _discard(message: Any) -> None:
-    """The `send` of a run with no client."""
 
 
 class Background:
@@ -100,7 +97,7 @@ class Background:
         outcome = "failed"
         try:
             try:
-                await exchange.stream(_discard)
+                await exchange.stream(NO_SINK)
                 outcome = outcome_of(exchange)
             except ProxyError as error:  # upstream refused it before its first byte
                 events = exchange.core.start() if exchange.phase == "before_upstream" else []

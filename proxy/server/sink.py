@@ -1,0 +1,101 @@
+"""Where a repaired stream's events go: the seam between the exchange's pump (exchange.py) and
+the transport that carries the events to the client.
+
+    open()          upstream answered: the stream begins (SSE: the response head)
+    events(batch)   the events of one upstream frame, in order
+    keepalive()     nothing to say for a while (SSE: a comment line)
+    close()         after the terminal event (SSE: the end of the body)
+
+`SseSink` writes server-sent events on an HTTP response; `WebSocketSink` writes one JSON text
+message per event on a WebSocket (routes/websocket.py), the pings of the WebSocket protocol
+keeping it alive; `NO_SINK` is a run with no client (a background response).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import orjson
+from starlette.types import Send
+
+from proxy import sse
+from proxy.server import asgi
+
+
+class EventSink(Protocol):
+    """The four steps of a stream's way out (module doc)."""
+
+    async def open(self) -> None: ...
+
+    async def events(self, events: list[dict[str, Any]]) -> None: ...
+
+    async def keepalive(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class SseSink:
+    """Server-sent events on the HTTP response of `send`, one send per batch."""
+
+    def __init__(self, send: Send, request_id: str) -> None:
+        self._send = send
+        self._request_id = request_id
+
+    async def open(self) -> None:
+        headers = [*asgi.SSE_HEADERS, (b"x-request-id", self._request_id.encode())]
+        await self._send({"type": "http.response.start", "status": 200, "headers": headers})
+
+    async def events(self, events: list[dict[str, Any]]) -> None:
+        body = sse.encode_all(events)
+        await self._send({"type": "http.response.body", "body": body, "more_body": True})
+
+    async def keepalive(self) -> None:
+        await self._send({"type": "http.response.body", "body": sse.KEEPALIVE, "more_body": True})
+
+    async def close(self) -> None:
+        await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+class WebSocketSink:
+    """One JSON text message per event on the WebSocket of `send`; with a `stream_id`, each
+    event echoes it. `sent` counts the messages."""
+
+    def __init__(self, send: Send, stream_id: str | None = None) -> None:
+        self._send = send
+        self._stream_id = stream_id
+        self.sent = 0
+
+    async def open(self) -> None:
+        return None
+
+    async def events(self, events: list[dict[str, Any]]) -> None:
+        for event in events:
+            if self._stream_id is not None:
+                event = {**event, "stream_id": self._stream_id}
+            await self._send({"type": "websocket.send", "text": orjson.dumps(event).decode()})
+            self.sent += 1
+
+    async def keepalive(self) -> None:
+        return None  # the WebSocket's own ping/pong keeps the connection alive
+
+    async def close(self) -> None:
+        return None
+
+
+class _NoSink:
+    """A run with no client: every event is dropped (the recorder keeps them)."""
+
+    async def open(self) -> None:
+        return None
+
+    async def events(self, events: list[dict[str, Any]]) -> None:
+        return None
+
+    async def keepalive(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+NO_SINK: EventSink = _NoSink()
