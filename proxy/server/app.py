@@ -3,6 +3,7 @@ the `Services` built once per app (services.py).
 
     POST /v1/responses                    repaired, or passed on (routes/responses.py)
     /v1/responses/input_tokens, /v1/responses/{id}…   the stored responses (routes/stored.py)
+    POST /v1/responses/compact            a compaction (routes/compact.py)
     /v1/conversations…                    conversations and their items (routes/conversations.py)
     GET /healthz, /readyz, /metrics       the probes (routes/probes.py)
     anything else                         to upstream untouched (routes/passthrough.py)
@@ -23,7 +24,7 @@ from starlette.routing import Mount, Route
 from proxy.config import Settings
 from proxy.server.http.forwarding import ForwardingMiddleware
 from proxy.server.lifespan import lifespan
-from proxy.server.routes import conversations, passthrough, probes, responses, stored
+from proxy.server.routes import compact, conversations, passthrough, probes, responses, stored
 from proxy.server.routes.answers import Counted
 from proxy.server.services import Seams, build_services
 
@@ -51,6 +52,7 @@ def create_app(settings: Settings, encoding: HarmonyEncoding, **seams: Unpack[Se
         routes=[
             Route("/v1/responses", Counted(responses.create), methods=None),
             Route("/v1/responses/input_tokens", stored.input_tokens, methods=["POST"]),
+            Route("/v1/responses/compact", compact.compact, methods=["POST"]),
             *(stored_routes if services.stateful is not None else []),
             Route("/v1/conversations", conversations.create, methods=["POST"]),
             Route(_CONVERSATION, conversations.retrieve, methods=["GET"]),

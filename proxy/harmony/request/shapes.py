@@ -144,6 +144,9 @@ INPUT_ITEM = Kinds(
             },
         ),
         "item_reference": _shape("an 'item_reference' input item", "type id", "ItemReferenceParam"),
+        "compaction": _shape(
+            "a 'compaction' input item", "type id encrypted_content", "CompactionSummaryItemParam"
+        ),
     },
     untyped=_MESSAGE,
 )

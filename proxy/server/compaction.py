@@ -1,0 +1,83 @@
+"""The summarisation pass of a compaction, run through upstream and the repair core like any
+response (with its reasoning), answered as data instead of to a client.
+
+The pass is an `Exchange` over a prepared `/v1/responses` body (request/compaction.py's
+`pass_body`: the history, then the summarisation instruction, no tools, not stored) whose JSON
+answer is kept here. Anything but a completed response with a summary — upstream unreachable,
+cut, timed out, a tool call, an empty answer — is one 502 `compaction_failed`: the client's
+history is untouched and it can retry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy.errors import ProxyError, UpstreamError
+from proxy.harmony.request import compaction
+from proxy.harmony.request.prepare import PreparedRequest
+from proxy.server.deps import RepairDeps
+from proxy.server.exchange import Exchange
+
+COMPACTION_FAILED = "compaction_failed"
+
+
+@dataclass(frozen=True, slots=True)
+class Pass:
+    """A finished pass: the summary and the pass's `usage`."""
+
+    summary: str
+    usage: dict[str, Any]
+
+
+async def summarise(
+    deps: RepairDeps,
+    prepared: PreparedRequest,
+    request_id: str,
+    started: float,
+    headers: list[tuple[str, str]],
+) -> Pass:
+    """Run the pass (module doc); `UpstreamError` 502 `compaction_failed` when it fails."""
+    capability = deps.state.capability
+    if not capability.token_ids:
+        raise _failed(f"upstream cannot serve the pass: {capability.detail}")
+    exchange = Exchange(
+        deps,
+        prepared,
+        request_id,
+        started,
+        headers,
+        guided=capability.guided,
+        takes_response_format=capability.takes_response_format,
+    )
+    answer = _Kept()
+    try:
+        await exchange.answer(answer)
+    except ProxyError as error:
+        raise _failed(f"the summarisation pass failed: {error.message}") from None
+    response = answer.json()
+    summary = compaction.summary_of(response)
+    if summary is None:
+        raise _failed("the summarisation pass did not complete with a summary")
+    return Pass(summary, response.get("usage") or {})
+
+
+def _failed(message: str) -> UpstreamError:
+    return UpstreamError(message, status=502, code=COMPACTION_FAILED)
+
+
+class _Kept:
+    """An ASGI `send` that keeps the JSON answer's body."""
+
+    def __init__(self) -> None:
+        self.body = bytearray()
+
+    async def __call__(self, message: Any) -> None:
+        if message["type"] == "http.response.body":
+            self.body += message.get("body", b"")
+
+    def json(self) -> dict[str, Any]:
+        loaded = orjson.loads(bytes(self.body)) if self.body else {}
+        return loaded if isinstance(loaded, dict) else {}
