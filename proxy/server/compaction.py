@@ -10,6 +10,8 @@ history is untouched and it can retry.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +64,60 @@ async def summarise(
     if summary is None:
         raise _failed("the summarisation pass did not complete with a summary")
     return Pass(summary, response.get("usage") or {})
+
+
+Render = Callable[[dict[str, Any]], Awaitable[PreparedRequest]]
+
+
+def compacting(
+    deps: RepairDeps,
+    render: Render,
+    request_id: str,
+    started: float,
+    headers: list[tuple[str, str]],
+) -> Render:
+    """`render`, compacting first where a create body asks for it: a `compaction_trigger` as
+    its last input item, or a prompt past `context_management`'s `compact_threshold`. Then the
+    summarisation pass runs (`summarise`) over the merged history, and the body renders as its
+    compaction item alone (everything before it is dropped, as for any compaction item; the
+    kept user messages are inside it), with the item as the response's first output item.
+    `input_tokens` is thus the compacted prompt's."""
+
+    async def render_compacting(body: dict[str, Any]) -> PreparedRequest:
+        item_trigger = compaction.triggered(body)
+        if item_trigger:
+            body = {**body, "input": body["input"][:-1]}
+        prepared = await render(body)  # validates every field, `context_management` included
+        threshold = compaction.read_context_management(body.get("context_management"))
+        if not item_trigger and (threshold is None or len(prepared.prompt_token_ids) <= threshold):
+            return prepared
+        trigger = "item" if item_trigger else "threshold"
+        try:
+            pass_prepared = await render(compaction.pass_body(body))
+            done = await summarise(deps, pass_prepared, request_id, started, headers)
+        except UpstreamError:
+            deps.metrics.compactions.labels(trigger, "failed").inc()
+            raise
+        items = body.get("input")
+        history = items if isinstance(items, list) else [{"role": "user", "content": items}]
+        kept = compaction.kept(history, deps.reasoning_keys)
+        blob = compaction.seal(deps.reasoning_keys, done.summary, kept)
+        item = compaction.compaction_item(deps.ids("cmp"), blob)
+        compacted = await render({**body, "input": [item]})
+        deps.metrics.compactions.labels(trigger, "ok").inc()
+        deps.log(
+            "compaction",
+            request_id=request_id,
+            trigger=trigger,
+            prompt_tokens=len(prepared.prompt_token_ids),
+            compacted_tokens=len(compacted.prompt_token_ids),
+            kept_items=len(kept),
+            pass_input_tokens=done.usage.get("input_tokens"),
+            pass_output_tokens=done.usage.get("output_tokens"),
+        )
+        return dataclasses.replace(compacted, leading=(item,))
+
+    return render_compacting
 
 
 def _failed(message: str) -> UpstreamError:

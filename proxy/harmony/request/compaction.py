@@ -36,7 +36,15 @@ from typing import Any
 from openai_harmony import Message, Role, TextContent
 
 from proxy.harmony.reasoning_seal import COMPACTION, ReasoningKeys, SealError
-from proxy.harmony.request.check import fail, missing, want_object
+from proxy.harmony.request.check import (
+    Shape,
+    at,
+    check_shape,
+    fail,
+    missing,
+    want_list,
+    want_object,
+)
 
 #: The summarisation instruction: a developer message after the history, so the model's next
 #: message is the checkpoint summary. Documented in docs/compaction.md.
@@ -166,6 +174,49 @@ def kept_item(texts: list[str], item_id: str) -> dict[str, Any]:
 def compaction_item(item_id: str, blob: str) -> dict[str, Any]:
     """The `compaction` output item."""
     return {"id": item_id, "type": "compaction", "encrypted_content": blob}
+
+
+_CONTEXT_ENTRY = Shape(
+    "a 'context_management' entry",
+    frozenset({"type", "compact_threshold"}),
+    ("ContextManagementParam",),
+)
+#: The spec's least `compact_threshold`.
+MIN_THRESHOLD = 1000
+
+
+def read_context_management(value: Any) -> int | None:
+    """`context_management` of a create body: its `compact_threshold` (None: none set); 400
+    for anything but `[{"type": "compaction", "compact_threshold": N ≥ 1000 or null}]`."""
+    if value is None:
+        return None
+    threshold = None
+    for index, raw in enumerate(want_list(value, "context_management")):
+        path = at("context_management", index)
+        entry = want_object(raw, path)
+        check_shape(entry, _CONTEXT_ENTRY, path)
+        if entry.get("type") != "compaction":
+            fail(at(path, "type"), entry.get("type"), "only 'compaction' is supported")
+        found = entry.get("compact_threshold")
+        if found is None:
+            continue
+        if isinstance(found, bool) or not isinstance(found, int):
+            fail(at(path, "compact_threshold"), found, "expected an integer", code="invalid_type")
+        if found < MIN_THRESHOLD:
+            fail(at(path, "compact_threshold"), found, f"must be at least {MIN_THRESHOLD}")
+        threshold = found if threshold is None else min(threshold, found)
+    return threshold
+
+
+def triggered(body: dict[str, Any]) -> bool:
+    """Whether the input's last item is a `compaction_trigger` (compact now)."""
+    items = body.get("input")
+    return (
+        isinstance(items, list)
+        and bool(items)
+        and isinstance(items[-1], dict)
+        and items[-1].get("type") == "compaction_trigger"
+    )
 
 
 def read_compact_body(body: Any) -> dict[str, Any]:

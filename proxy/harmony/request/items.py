@@ -34,7 +34,8 @@ Where upstream wrongly rejects or drops valid input, we render the equivalent sh
 - a `refusal` part renders its refusal text;
 - a `compaction` item (sealed by this proxy, request/compaction.py) renders as the kept user
   messages and the checkpoint summary it seals; every item before the latest one is checked,
-  then dropped. One that does not open is a 400, as for reasoning.
+  then dropped. One that does not open is a 400, as for reasoning. A `compaction_trigger`
+  renders nothing (the shell compacted first); after the latest compaction it must be last.
 
 gpt-oss reads text only: image, file and audio parts are rejected, as is any other item type.
 """
@@ -98,6 +99,10 @@ def input_messages(
             if index == window_start:
                 messages = rendered
             continue
+        if kind == "compaction_trigger":
+            if index > window_start and index != len(items) - 1:
+                fail(path, raw, "must be the last input item", code="invalid_value")
+            continue  # the shell compacted before rendering (or it is history: dropped)
         message = _render_item(kind, item, path, calls, keys)
         if kind == "reasoning" and index < turn_start:
             continue  # checked like any item, then left out (reasoning.context current_turn)
@@ -116,7 +121,7 @@ def check_items(value: Any, path: str, keys: ReasoningKeys | None = None) -> lis
         kind, item = _checked(raw, at(path, index))
         if kind == "compaction":
             _compaction(item, at(path, index), keys)
-        else:
+        elif kind != "compaction_trigger":
             _render_item(kind, item, at(path, index), None, keys)
     return items
 
@@ -135,7 +140,8 @@ def _checked(raw: Any, path: str) -> tuple[str, dict[str, Any]]:
             at(path, "type"),
             kind,
             "gpt-oss behind this proxy reads 'message', 'function_call', "
-            "'function_call_output', 'reasoning', 'compaction' and 'item_reference' items",
+            "'function_call_output', 'reasoning', 'compaction', 'compaction_trigger' and "
+            "'item_reference' items",
             code="unsupported_value",
         )
     check_shape(item, INPUT_ITEM.by_type[kind], path)

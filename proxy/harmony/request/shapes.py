@@ -147,6 +147,12 @@ INPUT_ITEM = Kinds(
         "compaction": _shape(
             "a 'compaction' input item", "type id encrypted_content", "CompactionSummaryItemParam"
         ),
+        "compaction_trigger": _shape(
+            "a 'compaction_trigger' input item",
+            "type",
+            "CompactionTriggerItemParam",
+            extra="id",  # openai-python's `CompactionTrigger` has it
+        ),
     },
     untyped=_MESSAGE,
 )

@@ -28,6 +28,7 @@ from proxy.errors import ClientError, ProxyError, UnavailableError, UpstreamErro
 from proxy.harmony.constraint import OutputConstraint
 from proxy.metrics import CLIENT_TIMEOUT
 from proxy.server import asgi
+from proxy.server.compaction import compacting
 from proxy.server.deps import until_drained
 from proxy.server.exchange import Exchange
 from proxy.server.outcome import outcome_of, report
@@ -63,15 +64,17 @@ async def serve_repaired(
     outcome = "client_error"
     scope_key = scope_of(scope["headers"], settings.store_scope_header)
     context: Context | None = None
+    # A body may ask to be compacted first (server/compaction.py).
+    render = compacting(deps, deps.renderer.prepare, request_id, started, asgi.header_pairs(scope))
     try:
         try:
             if stateful is not None:
                 prepared, context = await until_drained(
-                    state, stateful.prepare(body, scope_key, deps.renderer.prepare)
+                    state, stateful.prepare(body, scope_key, render)
                 )
             else:
                 refuse_without_store(body)
-                prepared = await until_drained(state, deps.renderer.prepare(body))
+                prepared = await until_drained(state, render(body))
         finally:
             if on_prepared is not None:
                 on_prepared()
