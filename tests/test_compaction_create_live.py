@@ -181,3 +181,39 @@ def test_a_failed_pass_is_a_502_before_any_byte(live: Stack) -> None:
     assert answer.json()["error"]["code"] == "compaction_failed"
     after = live.metric("proxy_compactions_total", trigger="threshold", outcome="failed")
     assert after == before + 1
+
+
+def test_a_conversation_keeps_the_compaction_item(live: Stack) -> None:
+    client = live.client()
+    conversation = client.conversations.create(items=HISTORY)
+    first = _post(
+        live,
+        {
+            "model": MODEL,
+            "conversation": conversation.id,
+            "input": [{"type": "compaction_trigger"}],
+        },
+    ).json()
+    assert first["output"][0]["type"] == "compaction"
+    kept = [item.type for item in client.conversations.items.list(conversation.id, order="asc")]
+    assert "compaction" in kept
+    second = client.responses.create(model=MODEL, conversation=conversation.id, input="And now?")
+    assert second.usage is not None
+    assert second.usage.input_tokens < _full_tokens(live, HISTORY) / 3  # rendered from it
+
+
+def test_the_compaction_is_logged_without_content(
+    live: Stack, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("INFO", logger="responses_repair_proxy"):
+        _post(
+            live,
+            {"model": MODEL, "input": HISTORY, "context_management": THRESHOLD, "store": False},
+        )
+    lines = [r for r in caplog.records if r.getMessage() == "compaction"]
+    assert len(lines) == 1
+    fields = vars(lines[0])
+    assert fields["trigger"] == "threshold"
+    assert fields["compacted_tokens"] < fields["prompt_tokens"]
+    assert fields["kept_items"] == 2
+    assert "note 1" not in repr(fields)  # never content

@@ -71,22 +71,24 @@ Render = Callable[[dict[str, Any]], Awaitable[PreparedRequest]]
 
 def compacting(
     deps: RepairDeps,
+    body: dict[str, Any],
     render: Render,
     request_id: str,
     started: float,
     headers: list[tuple[str, str]],
-) -> Render:
-    """`render`, compacting first where a create body asks for it: a `compaction_trigger` as
-    its last input item, or a prompt past `context_management`'s `compact_threshold`. Then the
-    summarisation pass runs (`summarise`) over the merged history, and the body renders as its
-    compaction item alone (everything before it is dropped, as for any compaction item; the
-    kept user messages are inside it), with the item as the response's first output item.
-    `input_tokens` is thus the compacted prompt's."""
+) -> tuple[dict[str, Any], Render]:
+    """`body` without a last `compaction_trigger` item (never stored: it is a request, not
+    history), and `render`, compacting first where the body asks for it: that trigger, or a
+    prompt past `context_management`'s `compact_threshold`. Then the summarisation pass runs
+    (`summarise`) over the merged history, and the body renders as its compaction item alone
+    (everything before it is dropped, as for any compaction item; the kept user messages are
+    inside it), with the item as the response's first output item. `input_tokens` is thus the
+    compacted prompt's."""
+    item_trigger = compaction.triggered(body)
+    if item_trigger:
+        body = {**body, "input": body["input"][:-1]}
 
     async def render_compacting(body: dict[str, Any]) -> PreparedRequest:
-        item_trigger = compaction.triggered(body)
-        if item_trigger:
-            body = {**body, "input": body["input"][:-1]}
         prepared = await render(body)  # validates every field, `context_management` included
         threshold = compaction.read_context_management(body.get("context_management"))
         if not item_trigger and (threshold is None or len(prepared.prompt_token_ids) <= threshold):
@@ -117,7 +119,7 @@ def compacting(
         )
         return dataclasses.replace(compacted, leading=(item,))
 
-    return render_compacting
+    return body, render_compacting
 
 
 def _failed(message: str) -> UpstreamError:

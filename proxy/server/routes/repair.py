@@ -65,7 +65,9 @@ async def serve_repaired(
     scope_key = scope_of(scope["headers"], settings.store_scope_header)
     context: Context | None = None
     # A body may ask to be compacted first (server/compaction.py).
-    render = compacting(deps, deps.renderer.prepare, request_id, started, asgi.header_pairs(scope))
+    body, render = compacting(
+        deps, body, deps.renderer.prepare, request_id, started, asgi.header_pairs(scope)
+    )
     try:
         try:
             if stateful is not None:
