@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from openai import OpenAI
@@ -200,3 +201,14 @@ def test_an_upstream_failure_is_a_502_compaction_failed(live: Stack) -> None:
     assert error["code"] == "compaction_failed"
     after = live.metric("proxy_compactions_total", trigger="endpoint", outcome="failed")
     assert after == before + 1
+
+
+def test_compact_bodies_are_bounded_like_every_body(live: Stack) -> None:
+    url = live.base_url + "/responses/compact"
+    huge = b'{"model": "m", "input": "' + b"x" * (live.app.state.services.settings.max_body_bytes)
+    assert httpx.post(url, content=huge + b'"}', timeout=30).status_code == 413
+    plain = httpx.post(url, content=b"{}", headers={"content-type": "text/plain"}, timeout=30)
+    assert plain.status_code == 415
+    broken = httpx.post(url, content=b"{", headers={"content-type": "application/json"})
+    assert broken.status_code == 400
+    assert broken.json()["error"]["code"] == "invalid_json"

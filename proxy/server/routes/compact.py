@@ -1,7 +1,8 @@
 """`POST /v1/responses/compact`: the conversation so far → a `response.compaction` object.
 
-    read the body (400: not a compact body) ─▶ merge the stored chain (`previous_response_id`)
-    and `item_reference`s into the input, as a create does ─▶ render the summarisation pass
+    draining? 503 ─▶ read the body within the body budget (413, 415; 400: not a compact
+    body) ─▶ merge the stored chain (`previous_response_id`) and `item_reference`s into the
+    input, as a create does ─▶ render the summarisation pass
     (request/compaction.py) ─▶ run it through upstream and the core (server/compaction.py;
     502 `compaction_failed`) ─▶ answer the kept user messages + one sealed `compaction` item,
     with the pass's `usage`
@@ -17,11 +18,13 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from proxy.errors import UpstreamError
+from proxy.errors import UnavailableError, UpstreamError
 from proxy.harmony.request import compaction
 from proxy.harmony.request.prepare import parse_body
 from proxy.server import asgi
 from proxy.server.compaction import summarise
+from proxy.server.deps import SHUTTING_DOWN
+from proxy.server.http.budget import read_body
 from proxy.server.routes.answers import answered, services_of
 from proxy.server.services import Services
 from proxy.server.stateful.scope import refuse_without_store, scope_of
@@ -32,7 +35,16 @@ async def compact(request: Request) -> Response:
     """The route (module doc): a 4xx is the client's; a failed pass is counted."""
     services = services_of(request)
     started = services.monotonic()
-    body = compaction.read_compact_body(parse_body(await request.body()))
+    if services.state.draining:  # a new request during the drain goes to another replica
+        raise UnavailableError(
+            "the proxy is shutting down; retry on another replica", code=SHUTTING_DOWN
+        )
+    async with services.budget.reservation() as hold:  # as every body: within the budget
+        raw = await read_body(
+            request.scope, asgi.Inbound(request.receive), hold, services.settings.max_body_bytes
+        )
+        asgi.require_json(request.scope)
+        body = compaction.read_compact_body(parse_body(raw))
     try:
         answer = await _compact(services, request, body, started)
     except UpstreamError:
