@@ -319,3 +319,12 @@ def test_profile_proxy_times_the_gc_with_the_store_on_and_off() -> None:
     for name in ("store on", "store off"):
         assert int(table[f"{name}, generation 0"][0]) >= 0, output
     assert "objects tracked at exit" in output
+
+
+def test_compaction_cost_compacts_and_shrinks_the_prompt() -> None:
+    output = bench("compaction_cost.py", "--turns", "6", "--repeats", "5")
+    table = rows(output)
+    plain, compacted = table["no compaction"], table["threshold"]
+    assert int(compacted[4]) >= 1  # compactions happened
+    assert int(compacted[2]) < int(plain[2])  # the last prompt is shorter
+    assert int(plain[4]) == 0
