@@ -19,7 +19,7 @@ from proxy.harmony.request import compaction
 from proxy.simulator.prompt import read_prompt
 from proxy.store.memory import MemoryStore
 from tests.openapi import assert_matches_spec, assert_response_matches_spec
-from tests.stateful_support import MODEL, TOOLS, Stack, stack
+from tests.stateful_support import LONG, MODEL, TOOLS, Stack, stack, until
 
 KEY = ("k1", b"7" * 32)
 KEYS = ReasoningKeys((KEY,))
@@ -212,3 +212,20 @@ def test_compact_bodies_are_bounded_like_every_body(live: Stack) -> None:
     broken = httpx.post(url, content=b"{", headers={"content-type": "application/json"})
     assert broken.status_code == 400
     assert broken.json()["error"]["code"] == "invalid_json"
+
+
+@pytest.mark.parametrize("route", ["compact", "create"])
+def test_a_client_gone_during_the_pass_cancels_it_upstream(live: Stack, route: str) -> None:
+    before = len(live.completions())
+    body: dict[str, Any] = {"model": MODEL, "input": HISTORY}
+    if route == "create":
+        body["input"] = [*HISTORY, {"type": "compaction_trigger"}]
+    path = "/responses/compact" if route == "compact" else "/responses"
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(live.base_url + path, json=body, headers=LONG, timeout=0.5)
+    passes = until(lambda: live.completions()[before:])
+    record = passes[0]
+    until(lambda: record.closed_at is not None)
+    assert record.disconnected  # the proxy closed the pass's upstream request
+    assert not record.completed
+    assert len(live.completions()) == before + 1  # and answered nothing after it

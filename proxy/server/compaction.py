@@ -20,6 +20,7 @@ import orjson
 from proxy.errors import ProxyError, UpstreamError
 from proxy.harmony.request import compaction
 from proxy.harmony.request.prepare import PreparedRequest
+from proxy.server import asgi
 from proxy.server.deps import RepairDeps
 from proxy.server.exchange import Exchange
 
@@ -76,6 +77,7 @@ def compacting(
     request_id: str,
     started: float,
     headers: list[tuple[str, str]],
+    inbound: asgi.Inbound | None = None,
 ) -> tuple[dict[str, Any], Render]:
     """`body` without a last `compaction_trigger` item (never stored: it is a request, not
     history), and `render`, compacting first where the body asks for it: that trigger, or a
@@ -83,7 +85,8 @@ def compacting(
     (`summarise`) over the merged history, and the body renders as its compaction item alone
     (everything before it is dropped, as for any compaction item; the kept user messages are
     inside it), with the item as the response's first output item. `input_tokens` is thus the
-    compacted prompt's."""
+    compacted prompt's. A client that goes away during the pass (`inbound`) cancels it, and
+    its upstream request: `asgi.ClientDisconnected`."""
     item_trigger = compaction.triggered(body)
     if item_trigger:
         body = {**body, "input": body["input"][:-1]}
@@ -96,7 +99,9 @@ def compacting(
         trigger = "item" if item_trigger else "threshold"
         try:
             pass_prepared = await render(compaction.pass_body(body))
-            done = await summarise(deps, pass_prepared, request_id, started, headers)
+            done = await watched(
+                inbound, summarise(deps, pass_prepared, request_id, started, headers)
+            )
         except UpstreamError:
             deps.metrics.compactions.labels(trigger, "failed").inc()
             raise
@@ -120,6 +125,20 @@ def compacting(
         return dataclasses.replace(compacted, leading=(item,))
 
     return body, render_compacting
+
+
+async def watched(inbound: asgi.Inbound | None, work: Awaitable[Pass]) -> Pass:
+    """`work`, cancelled when the client goes away first (`asgi.ClientDisconnected`)."""
+    if inbound is None:
+        return await work
+    kept: list[Pass] = []
+
+    async def run() -> None:
+        kept.append(await work)
+
+    if await asgi.run_until_disconnect(inbound, run()):
+        raise asgi.ClientDisconnected("the client went away during the compaction")
+    return kept[0]
 
 
 def _failed(message: str) -> UpstreamError:

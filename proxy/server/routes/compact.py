@@ -22,7 +22,7 @@ from proxy.errors import UnavailableError, UpstreamError
 from proxy.harmony.request import compaction
 from proxy.harmony.request.prepare import parse_body
 from proxy.server import asgi
-from proxy.server.compaction import summarise
+from proxy.server.compaction import summarise, watched
 from proxy.server.deps import SHUTTING_DOWN
 from proxy.server.http.budget import read_body
 from proxy.server.routes.answers import answered, services_of
@@ -39,14 +39,13 @@ async def compact(request: Request) -> Response:
         raise UnavailableError(
             "the proxy is shutting down; retry on another replica", code=SHUTTING_DOWN
         )
+    inbound = asgi.Inbound(request.receive)
     async with services.budget.reservation() as hold:  # as every body: within the budget
-        raw = await read_body(
-            request.scope, asgi.Inbound(request.receive), hold, services.settings.max_body_bytes
-        )
+        raw = await read_body(request.scope, inbound, hold, services.settings.max_body_bytes)
         asgi.require_json(request.scope)
         body = compaction.read_compact_body(parse_body(raw))
     try:
-        answer = await _compact(services, request, body, started)
+        answer = await _compact(services, request, inbound, body, started)
     except UpstreamError:
         services.metrics.compactions.labels("endpoint", "failed").inc()
         raise
@@ -55,7 +54,11 @@ async def compact(request: Request) -> Response:
 
 
 async def _compact(
-    services: Services, request: Request, body: dict[str, Any], started: float
+    services: Services,
+    request: Request,
+    inbound: asgi.Inbound,
+    body: dict[str, Any],
+    started: float,
 ) -> dict[str, Any]:
     deps, stateful = services.deps, services.stateful
     pass_request = compaction.pass_body(body)
@@ -70,7 +73,10 @@ async def _compact(
         prepared = await deps.renderer.prepare(pass_request)
         history = list(pass_request["input"])[:-1]
     request_id = asgi.request_id(request.scope)
-    done = await summarise(deps, prepared, request_id, started, asgi.header_pairs(request.scope))
+    # A client that goes away cancels the pass and its upstream request.
+    done = await watched(
+        inbound, summarise(deps, prepared, request_id, started, asgi.header_pairs(request.scope))
+    )
     keys = deps.reasoning_keys
     kept = compaction.kept(history, keys)
     item = compaction.compaction_item(deps.ids("cmp"), compaction.seal(keys, done.summary, kept))

@@ -66,7 +66,7 @@ async def serve_repaired(
     context: Context | None = None
     # A body may ask to be compacted first (server/compaction.py).
     body, render = compacting(
-        deps, body, deps.renderer.prepare, request_id, started, asgi.header_pairs(scope)
+        deps, body, deps.renderer.prepare, request_id, started, asgi.header_pairs(scope), inbound
     )
     try:
         try:
@@ -131,6 +131,9 @@ async def serve_repaired(
                 queued = await services.background.launch(exchange, context, scope_key)
             else:
                 exchange.recorder = recorder(stateful, exchange.response_id, scope_key, context)
+    except asgi.ClientDisconnected:  # gone while its compaction ran (cancelled with it)
+        metrics.disconnects.labels("before_upstream").inc()
+        return
     except ProxyError as error:
         if isinstance(error, UpstreamError):
             outcome = "upstream_error"
