@@ -229,3 +229,25 @@ def test_a_client_gone_during_the_pass_cancels_it_upstream(live: Stack, route: s
     assert record.disconnected  # the proxy closed the pass's upstream request
     assert not record.completed
     assert len(live.completions()) == before + 1  # and answered nothing after it
+
+
+def test_the_pass_counts_against_the_stream_limit(encoding: HarmonyEncoding) -> None:
+    with stack(encoding, MemoryStore(), reasoning_keys=(KEY,), max_concurrent_streams=1) as one:
+        busy = {"model": MODEL, "input": "hi", "stream": True}
+        with httpx.stream(
+            "POST",
+            one.base_url + "/responses",
+            json=busy,
+            headers={"X-Sim-Fault": "stall@5:3"},
+            timeout=30,
+        ) as running:
+            assert running.status_code == 200
+            lines = running.iter_lines()  # kept: a dropped iterator closes the stream
+            next(lines)  # in flight
+            answer = httpx.post(
+                one.base_url + "/responses/compact",
+                json={"model": MODEL, "input": HISTORY},
+                timeout=30,
+            )
+            assert answer.status_code == 429
+            assert answer.json()["error"]["code"] == "too_many_streams"

@@ -19,7 +19,7 @@ from typing import Unpack
 from openai_harmony import HarmonyEncoding
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.routing import Mount, Route
+from starlette.routing import Mount, Route, request_response
 
 from proxy.config import Settings
 from proxy.server.http.forwarding import ForwardingMiddleware
@@ -52,7 +52,12 @@ def create_app(settings: Settings, encoding: HarmonyEncoding, **seams: Unpack[Se
         routes=[
             Route("/v1/responses", Counted(responses.create), methods=None),
             Route("/v1/responses/input_tokens", stored.input_tokens, methods=["POST"]),
-            Route("/v1/responses/compact", compact.compact, methods=["POST"]),
+            # Counted: the drain waits for a compaction's pass as for any response.
+            Route(
+                "/v1/responses/compact",
+                Counted(request_response(compact.compact)),
+                methods=["POST"],
+            ),
             *(stored_routes if services.stateful is not None else []),
             Route("/v1/conversations", conversations.create, methods=["POST"]),
             Route(_CONVERSATION, conversations.retrieve, methods=["GET"]),

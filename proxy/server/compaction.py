@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from proxy.errors import ProxyError, UpstreamError
+from proxy.errors import ClientError, ProxyError, UpstreamError
 from proxy.harmony.request import compaction
 from proxy.harmony.request.prepare import PreparedRequest
 from proxy.server import asgi
@@ -43,9 +43,17 @@ async def summarise(
     headers: list[tuple[str, str]],
 ) -> Pass:
     """Run the pass (module doc); `UpstreamError` 502 `compaction_failed` when it fails."""
-    capability = deps.state.capability
+    state, settings = deps.state, deps.settings
+    capability = state.capability
     if not capability.token_ids:
         raise _failed(f"upstream cannot serve the pass: {capability.detail}")
+    if settings.max_concurrent_streams and state.in_flight >= settings.max_concurrent_streams:
+        raise ClientError(  # the pass is a stream upstream like any other
+            f"the proxy is serving its limit of {settings.max_concurrent_streams} streams; "
+            "retry shortly",
+            status=429,
+            code="too_many_streams",
+        )
     exchange = Exchange(
         deps,
         prepared,
@@ -56,10 +64,15 @@ async def summarise(
         takes_response_format=capability.takes_response_format,
     )
     answer = _Kept()
+    state.in_flight += 1
+    deps.metrics.in_flight.inc()
     try:
         await exchange.answer(answer)
     except ProxyError as error:
         raise _failed(f"the summarisation pass failed: {error.message}") from None
+    finally:
+        state.in_flight -= 1
+        deps.metrics.in_flight.dec()
     response = answer.json()
     summary = compaction.summary_of(response)
     if summary is None:
