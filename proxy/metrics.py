@@ -37,9 +37,9 @@ OUTCOMES = (
     "rejected",
     "cancelled",
 )
-#: Where a client went away (`Exchange.phase`, the app's body read, pass-through).
 #: What started a compaction: the compact route, a `compact_threshold`, a `compaction_trigger`.
 COMPACTION_TRIGGERS = ("endpoint", "threshold", "item")
+#: Where a client went away (`Exchange.phase`, the app's body read, pass-through).
 DISCONNECT_PHASES = ("before_upstream", "before_first_token", "streaming", "passthrough")
 #: The client side: a client that accepted nothing for `send_timeout`.
 CLIENT_TIMEOUT = "client_send"
