@@ -187,7 +187,8 @@ class Settings:
         False, values.boolean, "debug only: log prompts and outputs (never enable in production)")
     reasoning_keys: tuple[tuple[str, bytes], ...] = setting(
         (), parse_keys,
-        "AES-256-GCM keys for include reasoning.encrypted_content, ID:BASE64 comma-separated, "
+        "AES-256-GCM keys for include reasoning.encrypted_content and compaction items, "
+        "ID:BASE64 comma-separated, "
         "newest first (it seals, all open: rotate by prepending); unset: one random key per "
         "process, so blobs do not survive a restart or cross replicas",
         secret=True, example="2026-01:ZXhhbXBsZS1rZXktbmV2ZXItdXNlLWluLXByb2R1Y3Q=",

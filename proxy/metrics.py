@@ -16,6 +16,7 @@ would never see another's.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -36,6 +37,8 @@ OUTCOMES = (
     "rejected",
     "cancelled",
 )
+#: What started a compaction: the compact route, a `compact_threshold`, a `compaction_trigger`.
+COMPACTION_TRIGGERS = ("endpoint", "threshold", "item")
 #: Where a client went away (`Exchange.phase`, the app's body read, pass-through).
 DISCONNECT_PHASES = ("before_upstream", "before_first_token", "streaming", "passthrough")
 #: The client side: a client that accepted nothing for `send_timeout`.
@@ -139,6 +142,12 @@ class Metrics:
             "proxy_stream_duration_seconds",
             "Request received to the terminal event",
             buckets=_DURATION,
+            registry=r,
+        )
+        self.compactions = Counter(
+            "proxy_compactions",
+            "Compactions by trigger and outcome",
+            ["trigger", "outcome"],
             registry=r,
         )
         self.tokens = Counter(
@@ -356,6 +365,8 @@ class Metrics:
             self.store_errors.labels(op)
         for reason in STORE_EVICTIONS:
             self.store_evictions.labels(reason)
+        for trigger, outcome in itertools.product(COMPACTION_TRIGGERS, ("ok", "failed")):
+            self.compactions.labels(trigger, outcome)
 
     def start_drain(self) -> None:
         """SIGTERM: draining, and no longer ready (runner.py), at once."""

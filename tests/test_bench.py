@@ -332,3 +332,12 @@ def test_ws_loop_measures_both_transports_without_errors() -> None:
     assert float(table["http"][1].replace(",", "")) > float(table["websocket"][1].replace(",", ""))
     assert re.search(r"client bytes, http / websocket: [0-9.]+x", output), output
     assert re.search(r"added ms / turn, websocket - http \(p50\): [+-][0-9.]+", output), output
+
+
+def test_compaction_cost_compacts_and_shrinks_the_prompt() -> None:
+    output = bench("compaction_cost.py", "--turns", "6", "--repeats", "5")
+    table = rows(output)
+    plain, compacted = table["no compaction"], table["threshold"]
+    assert int(compacted[4]) >= 1  # compactions happened
+    assert int(compacted[2]) < int(plain[2])  # the last prompt is shorter
+    assert int(plain[4]) == 0

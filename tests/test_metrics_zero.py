@@ -23,7 +23,7 @@ from proxy.config import Settings
 from proxy.harmony.constraint import CONSTRAINT_KINDS
 from proxy.harmony.stream.events import ITEM_EVENT_TYPES
 from proxy.harmony.stream.record import MALFORMED_KINDS
-from proxy.metrics import HTTP_LIMIT_KINDS, UPSTREAM_ERROR_KINDS
+from proxy.metrics import COMPACTION_TRIGGERS, HTTP_LIMIT_KINDS, UPSTREAM_ERROR_KINDS
 from proxy.server.app import create_app
 from tests.deploy_support import dashboard_queries, rule_queries, substitute
 from tests.live import LiveServer
@@ -140,6 +140,8 @@ def test_the_fixed_label_sets_are_exported_whole(fresh: list[Sample]) -> None:
     assert values("proxy_constraint_refusals_total", "constraint") == set(CONSTRAINT_KINDS)
     assert values("proxy_constraint_violations_total", "constraint") == set(CONSTRAINT_KINDS)
     assert values("proxy_constraint_violations_total", "enforced") == {"true", "false"}
+    assert values("proxy_compactions_total", "trigger") == set(COMPACTION_TRIGGERS)
+    assert values("proxy_compactions_total", "outcome") == {"ok", "failed"}
     assert ("proxy_upstream_guided_decoding", {}) in fresh
     assert values("proxy_tokens_total", "channel") == {
         "reasoning",

@@ -64,10 +64,6 @@ def test_the_docs_table_lists_every_create_response_field() -> None:
     ("fields", "param"),
     [
         ({"moderation": {"model": "omni-moderation-latest"}}, "moderation"),
-        (
-            {"context_management": [{"type": "compaction", "compact_threshold": 5000}]},
-            "context_management",
-        ),
         ({"access_programs": {"programs": []}}, "access_programs"),
         ({"prompt": {"id": "pmpt_1"}}, "prompt"),
         # The shell resolves it from the response store before rendering: one that reaches

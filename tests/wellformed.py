@@ -20,7 +20,8 @@ cite them:
    tests check it: a dropped preamble leaves no trace in the events).
 8. Exactly one terminal event: `response.completed`, `response.incomplete`
    (`max_output_tokens`, open items closed `incomplete`), or `error` then `response.failed`.
-9. The terminal snapshot's `output` equals the done items; `usage` is numeric.
+9. The terminal snapshot's `output` equals the done items; `usage` is numeric. A `compaction`
+   item (made before generation) is announced whole and closed by the next event.
 10. The fields strict clients read are present (`sequence_number` everywhere, `logprobs` lists
     on text events, `status` on every item, `summary` on reasoning items, the response's `id`,
     `created_at`, `model`, `object`, `output`, `parallel_tool_calls`, `tool_choice`, `tools`).
@@ -160,6 +161,23 @@ def assert_well_formed(
             assert isinstance(event["message"], str), where
             assert event["message"], f"{where}: empty error message"
             continue
+        if kind == "response.output_item.added" and event["item"]["type"] == "compaction":
+            # Made before generation (a compaction): whole in `added`, closed by the next event.
+            item = event["item"]
+            assert current is None, where
+            assert event["output_index"] == len(done_items), where
+            assert item["id"].startswith("cmp_"), where
+            assert item["encrypted_content"], where
+            closing = events[number + 1]
+            assert closing["type"] == "response.output_item.done", f"{where}: not closed at once"
+            assert closing["item"] == item, where
+            continue
+        if kind == "response.output_item.done" and event["item"]["type"] == "compaction":
+            assert current is None, where
+            assert event["output_index"] == len(done_items), where
+            done_items.append(event["item"])
+            seen_ids.add(event["item"]["id"])
+            continue
         if kind == "response.output_item.added":
             assert current is None, f"{where}: item {current and current.index} still open (rule 4)"
             item = event["item"]
@@ -288,7 +306,9 @@ def assert_well_formed(
     assert response["output"] == done_items, "snapshot output != the done items (rule 9)"
     _check_usage(response["usage"])
     if status == "completed":
-        assert all(item["status"] == "completed" for item in done_items), "unfinished item"
+        assert all(item.get("status", "completed") == "completed" for item in done_items), (
+            "unfinished item"
+        )
     if status == "incomplete":
         assert response["incomplete_details"] == {"reason": "max_output_tokens"}
     if status == "failed":

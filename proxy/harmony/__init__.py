@@ -10,7 +10,7 @@ history/     stored responses and conversations as data
 tokens.py    Harmony special-token ids
 response.py  the `response` object and its ids, shared by the stream, the model and history
 constraint.py  what `tool_choice` and `text.format` demand of the output, and its check
-reasoning_seal.py  sealed reasoning (`encrypted_content`): AES-256-GCM blobs
+reasoning_seal.py  sealed reasoning and compactions (`encrypted_content`): AES-256-GCM blobs
 
 Layers, highest first (a module imports only from below): history; request | stream;
 unpatched; the base modules (tokens, response, constraint, reasoning_seal).

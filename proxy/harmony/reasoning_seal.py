@@ -5,18 +5,24 @@ reasoning to its next turn as the reasoning item's `encrypted_content`, which on
 read. Here that blob is the reasoning text sealed with AES-256-GCM (`cryptography`'s `AESGCM`,
 an authenticated cipher: a changed byte fails to open) under one of the operator's keys:
 
-    blob = urlsafe-base64( 0x01 | len(key id) | key id | 12-byte nonce | ciphertext + 16-byte tag )
+    blob = urlsafe-base64( 0x02 | kind | len(key id) | key id | 12-byte nonce | ciphertext + tag )
 
-with the version byte and key id bound in as associated data. The newest key (the first of the
-setting) seals; every key listed opens, so keys rotate by putting a new one first and keeping the
-old ones while their blobs are still in clients' hands. A blob that is not ours — tampered, cut,
-sealed under a key no longer listed, or OpenAI's own — does not open: the request is a 400.
+with the version byte, the kind byte and the key id bound in as associated data. The kind
+(`REASONING` or `COMPACTION`) says what the blob holds, so a reasoning blob sent back as a
+compaction item's `encrypted_content` (or the reverse) does not open. Blobs of version 1 (no kind
+byte, sealed before compactions existed) still open, as reasoning only. The newest key (the
+first of the setting) seals; every key listed opens, so keys rotate by putting a new one first
+and keeping the old ones while their blobs are still in clients' hands. A blob that is not
+ours — tampered, cut, sealed under a key no longer listed, or OpenAI's own — does not open: the
+request is a 400.
 
 The payload is the reasoning's text parts as JSON (`["…"]`), so an opened item renders exactly
 as the plain item with those `reasoning_text` parts renders (request/items.py). Sans-IO: the
 shell hands `ReasoningKeys.seal` to the core through `ResponseContext`. `cryptography` is
 imported by the first seal or open, not with this module (~5 MB of every process that loads it,
 bench/idle_memory.py); a generated key is 32 bytes of `os.urandom`, as `AESGCM.generate_key`'s.
+A compaction's payload is its own JSON object (request/compaction.py), sealed with
+`seal_json` / opened with `open_json`.
 """
 
 from __future__ import annotations
@@ -26,10 +32,15 @@ import binascii
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
-_VERSION = 1
+_VERSION_1 = 1  # reasoning only, no kind byte: still opened
+_VERSION = 2
+#: What a blob holds (its kind byte).
+REASONING = 1
+COMPACTION = 2
 _NONCE_BYTES = 12
 KEY_BYTES = 32  # AES-256
 
@@ -65,25 +76,43 @@ class ReasoningKeys:
 
     def seal(self, texts: Sequence[str]) -> str:
         """The blob of these reasoning text parts, sealed under the newest key."""
-        key_id, key = self.keys[0]
-        header = bytes([_VERSION, len(key_id.encode())]) + key_id.encode()
-        nonce = os.urandom(_NONCE_BYTES)
-        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
-        sealed = AESGCM(key).encrypt(nonce, orjson.dumps(list(texts)), header)
-        return base64.urlsafe_b64encode(header + nonce + sealed).decode()
+        return self.seal_json(REASONING, list(texts))
 
     def open(self, blob: str) -> list[str]:
         """The reasoning text parts of a blob we sealed; `SealError` for anything else."""
+        texts = self.open_json(REASONING, blob)
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+            raise SealError("its content is not reasoning text")  # pragma: no cover - ours
+        return texts
+
+    def seal_json(self, kind: int, payload: Any) -> str:
+        """The blob of a JSON-able payload of this kind, sealed under the newest key."""
+        key_id, key = self.keys[0]
+        header = bytes([_VERSION, kind, len(key_id.encode())]) + key_id.encode()
+        nonce = os.urandom(_NONCE_BYTES)
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+        sealed = AESGCM(key).encrypt(nonce, orjson.dumps(payload), header)
+        return base64.urlsafe_b64encode(header + nonce + sealed).decode()
+
+    def open_json(self, kind: int, blob: str) -> Any:
+        """The payload of a blob of this kind we sealed; `SealError` for anything else (another
+        kind included)."""
         try:
             raw = base64.urlsafe_b64decode(blob.encode("ascii"))
         except (binascii.Error, UnicodeEncodeError, ValueError) as exc:
             raise SealError("it is not base64") from exc
-        if len(raw) < 2 or raw[0] != _VERSION:
+        if len(raw) >= 2 and raw[0] == _VERSION_1 and kind == REASONING:
+            id_at = 1  # 0x01 | len | id: the reasoning blobs sealed before the kind byte
+        elif len(raw) >= 3 and raw[0] == _VERSION:
+            if raw[1] != kind:
+                raise SealError("it was sealed for another kind of item")
+            id_at = 2
+        else:
             raise SealError("it was not sealed by this proxy")
-        id_end = 2 + raw[1]
+        id_end = id_at + 1 + raw[id_at]
         header, rest = raw[:id_end], raw[id_end:]
-        key_id = header[2:].decode("utf-8", "replace")
+        key_id = header[id_at + 1 :].decode("utf-8", "replace")
         key = dict(self.keys).get(key_id)
         if key is None or len(rest) < _NONCE_BYTES + 16:
             raise SealError("it was not sealed with any key this proxy holds")
@@ -94,10 +123,7 @@ class ReasoningKeys:
             plain = AESGCM(key).decrypt(rest[:_NONCE_BYTES], rest[_NONCE_BYTES:], header)
         except InvalidTag as exc:
             raise SealError("it does not verify: altered, or not sealed by this proxy") from exc
-        texts = orjson.loads(plain)
-        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
-            raise SealError("its content is not reasoning text")  # pragma: no cover - ours
-        return texts
+        return orjson.loads(plain)
 
 
 def check_key(key_id: str, key: bytes) -> None:

@@ -108,7 +108,9 @@ class ResponseContext:
     `encrypted_content` when the request included it (None: null); `top_logprobs`: the
     request included `message.output_text.logprobs` and wants this many alternatives per token
     (None: no logprobs); `constraint`: what `tool_choice` and `text.format` demand of
-    the output, checked as it is parsed (constraint.py; None: nothing).
+    the output, checked as it is parsed (constraint.py; None: nothing); `leading`: items the
+    output starts with, made before generation (a compaction), announced right after
+    `response.in_progress`.
     """
 
     response_id: str
@@ -122,6 +124,7 @@ class ResponseContext:
     seal: Sealer | None = None
     top_logprobs: int | None = None
     constraint: OutputConstraint | None = None
+    leading: tuple[dict[str, Any], ...] = ()
 
 
 def response_object(

@@ -4,6 +4,7 @@ the `Services` built once per app (services.py).
     POST /v1/responses                    repaired, or passed on (routes/responses.py)
     GET /v1/responses + Upgrade           a WebSocket session of turns (routes/websocket.py)
     /v1/responses/input_tokens, /v1/responses/{id}…   the stored responses (routes/stored.py)
+    POST /v1/responses/compact            a compaction (routes/compact.py)
     /v1/conversations…                    conversations and their items (routes/conversations.py)
     GET /healthz, /readyz, /metrics       the probes (routes/probes.py)
     anything else                         to upstream untouched (routes/passthrough.py)
@@ -19,12 +20,13 @@ from typing import Unpack
 from openai_harmony import HarmonyEncoding
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.routing import Mount, Route, WebSocketRoute, request_response
 
 from proxy.config import Settings
 from proxy.server.http.forwarding import ForwardingMiddleware
 from proxy.server.lifespan import lifespan
 from proxy.server.routes import (
+    compact,
     conversations,
     passthrough,
     probes,
@@ -60,6 +62,12 @@ def create_app(settings: Settings, encoding: HarmonyEncoding, **seams: Unpack[Se
             WebSocketRoute("/v1/responses", Counted(websocket.session)),
             Route("/v1/responses", Counted(responses.create), methods=None),
             Route("/v1/responses/input_tokens", stored.input_tokens, methods=["POST"]),
+            # Counted: the drain waits for a compaction's pass as for any response.
+            Route(
+                "/v1/responses/compact",
+                Counted(request_response(compact.compact)),
+                methods=["POST"],
+            ),
             *(stored_routes if services.stateful is not None else []),
             Route("/v1/conversations", conversations.create, methods=["POST"]),
             Route(_CONVERSATION, conversations.retrieve, methods=["GET"]),

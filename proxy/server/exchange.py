@@ -99,6 +99,7 @@ class Exchange:
             seal=deps.reasoning_keys.seal if prepared.sealed_reasoning else None,
             top_logprobs=prepared.top_logprobs,
             constraint=prepared.constraint,
+            leading=prepared.leading,
         )
 
     @property

@@ -13,7 +13,9 @@ reads the prompt (`prompt.py`) and writes, as token ids:
         when functions are declared and no `functions.*` answer follows the last user turn
         (NAME is the first declared function; args fill its required parameters)
     <|start|>assistant<|channel|>final<|message|>{answer}<|return|>
-        otherwise: an answer quoting the last user message, or using the tool's answer
+        otherwise: an answer quoting the last user message, or using the tool's answer;
+        asked for a checkpoint summary (the proxy's compaction instruction as the last
+        message), a summary quoting each user message, tool answer and earlier summary
 
 Given a guided-decoding constraint (`guided.py`), the model writes the first of its candidate
 answers the constraint accepts, as a masked engine steers gpt-oss: the answer above, a call to
@@ -260,6 +262,8 @@ class _Message:
 
 def _plan(prompt: Prompt, preamble: bool) -> list[_Message]:
     question = _quote(prompt.user_text) or "(nothing)"
+    if prompt.checkpoint is not None:
+        return _summary(prompt.checkpoint)
     if prompt.tool_name is not None:
         answer = _quote(prompt.tool_output or "") or "(nothing)"
         name = prompt.tool_name
@@ -284,6 +288,18 @@ def _plan(prompt: Prompt, preamble: bool) -> list[_Message]:
         ),
         *_preamble(preamble, "Let me think about that for a moment… ⏳"),
         _Message("final", f"You asked: “{question}”. Here is my answer: ¡hola! 你好 🎉 ✅"),
+    ]
+
+
+def _summary(facts: Sequence[str]) -> list[_Message]:
+    """A checkpoint summary: each fact of the history quoted short, then the next step."""
+    lines = [f"- {_quote(fact)}" for fact in facts] or ["- (nothing happened yet)"]
+    return [
+        _Message("analysis", f"A checkpoint: I summarise {len(facts)} facts of the conversation."),
+        _Message(
+            "final",
+            "Checkpoint summary.\n" + "\n".join(lines) + "\nNext: continue from the last request.",
+        ),
     ]
 
 

@@ -54,6 +54,15 @@ class Prompt:
     functions: tuple[Function, ...]
     tool_name: str | None  # the `functions.*` author answering after the last user turn
     tool_output: str | None
+    #: Asked for a checkpoint summary (a last developer message asking for one): what the
+    #: summary should hold — earlier summaries, the user's requests, the tools' answers.
+    checkpoint: tuple[str, ...] | None = None
+
+
+#: What a summarisation request says (the proxy's compaction instruction).
+CHECKPOINT_ASK = "CONTEXT CHECKPOINT COMPACTION"
+#: How the proxy introduces an earlier summary.
+CHECKPOINT_HEADING = "Checkpoint summary of the conversation so far:"
 
 
 def read_prompt(encoding: HarmonyEncoding, prompt_ids: Sequence[int]) -> Prompt:
@@ -67,13 +76,29 @@ def read_prompt(encoding: HarmonyEncoding, prompt_ids: Sequence[int]) -> Prompt:
     functions: tuple[Function, ...] = ()
     for turn in turns:
         if turn.role == "developer":
-            functions = declared_functions(turn.text)
+            functions = declared_functions(turn.text) or functions
+    checkpoint = None
+    if turns and turns[-1].role == "developer" and CHECKPOINT_ASK in turns[-1].text:
+        checkpoint = tuple(_checkpoint_facts(turns[:-1]))
     return Prompt(
         user_text=user_text,
         functions=functions,
         tool_name=tool.role if tool else None,
         tool_output=tool.text if tool else None,
+        checkpoint=checkpoint,
     )
+
+
+def _checkpoint_facts(turns: Sequence[Turn]) -> list[str]:
+    facts = []
+    for turn in turns:
+        if turn.role == "developer" and turn.text.startswith(CHECKPOINT_HEADING):
+            facts.append("Earlier: " + turn.text[len(CHECKPOINT_HEADING) :].strip())
+        elif turn.role == "user":
+            facts.append(f"The user asked: {turn.text}")
+        elif turn.role.startswith("functions."):
+            facts.append(f"{turn.role} answered: {turn.text}")
+    return facts
 
 
 def split_turns(encoding: HarmonyEncoding, ids: Sequence[int]) -> list[Turn]:

@@ -10,6 +10,7 @@ text.py     `text` (its echo) and `text.format` as upstream's guided decoding
 guided.py   `tool_choice` as guided decoding on the message headers
 fit.py      `truncation`: the prompt within the model's context
 prefix.py   the rendered system + developer head, cached
+compaction.py  the `compaction` item (sealed summary), what it keeps, the summarisation pass
 
 May import: `proxy.errors`, `proxy.harmony` base modules (`tokens`, `constraint`,
 `reasoning_seal`, `response`). Never the stream, the shell or I/O.

@@ -31,7 +31,11 @@ Where upstream wrongly rejects or drops valid input, we render the equivalent sh
 - a `reasoning` item with `encrypted_content` the proxy sealed (include
   `reasoning.encrypted_content`) is opened and renders exactly as the plain item with
   those text parts; one that does not open (altered, foreign, old key) is a 400;
-- a `refusal` part renders its refusal text.
+- a `refusal` part renders its refusal text;
+- a `compaction` item (sealed by this proxy, request/compaction.py) renders as the kept user
+  messages and the checkpoint summary it seals; every item before the latest one is checked,
+  then dropped. One that does not open is a 400, as for reasoning. A `compaction_trigger`
+  renders nothing (the shell compacted first); after the latest compaction it must be last.
 
 gpt-oss reads text only: image, file and audio parts are rejected, as is any other item type.
 """
@@ -43,6 +47,7 @@ from typing import Any
 from openai_harmony import Author, Content, Message, Role, TextContent
 
 from proxy.harmony.reasoning_seal import ReasoningKeys, SealError
+from proxy.harmony.request import compaction
 from proxy.harmony.request.check import (
     at,
     check_shape,
@@ -83,15 +88,25 @@ def input_messages(
         return [Message.from_role_and_content(Role.USER, value)]
     items = want_list(value, "input")
     turn_start = _last_user_message(items) if current_turn else 0
+    window_start = compaction.latest(items)  # the items before it are checked, then dropped
     messages: list[Message] = []
     calls: dict[str, str] = {}  # call_id → recipient of the newest function_call so far
     for index, raw in enumerate(items):
         path = at("input", index)
         kind, item = _checked(raw, path)
+        if kind == "compaction":
+            rendered = _compaction(item, path, keys)
+            if index == window_start:
+                messages = rendered
+            continue
+        if kind == "compaction_trigger":
+            if index > window_start and index != len(items) - 1:
+                fail(path, raw, "must be the last input item", code="invalid_value")
+            continue  # the shell compacted before rendering (or it is history: dropped)
         message = _render_item(kind, item, path, calls, keys)
         if kind == "reasoning" and index < turn_start:
             continue  # checked like any item, then left out (reasoning.context current_turn)
-        if message is not None:
+        if message is not None and index > window_start:
             messages.append(message)
     return messages
 
@@ -104,7 +119,10 @@ def check_items(value: Any, path: str, keys: ReasoningKeys | None = None) -> lis
     items = want_list(value, path)
     for index, raw in enumerate(items):
         kind, item = _checked(raw, at(path, index))
-        _render_item(kind, item, at(path, index), None, keys)
+        if kind == "compaction":
+            _compaction(item, at(path, index), keys)
+        elif kind != "compaction_trigger":
+            _render_item(kind, item, at(path, index), None, keys)
     return items
 
 
@@ -122,7 +140,8 @@ def _checked(raw: Any, path: str) -> tuple[str, dict[str, Any]]:
             at(path, "type"),
             kind,
             "gpt-oss behind this proxy reads 'message', 'function_call', "
-            "'function_call_output', 'reasoning' and 'item_reference' items",
+            "'function_call_output', 'reasoning', 'compaction', 'compaction_trigger' and "
+            "'item_reference' items",
             code="unsupported_value",
         )
     check_shape(item, INPUT_ITEM.by_type[kind], path)
@@ -259,6 +278,16 @@ def _reasoning(item: dict[str, Any], path: str, keys: ReasoningKeys | None) -> M
     if joined:
         return Message.from_role_and_content(Role.ASSISTANT, joined)
     return None
+
+
+def _compaction(item: dict[str, Any], path: str, keys: ReasoningKeys | None) -> list[Message]:
+    blob_path = at(path, "encrypted_content")
+    blob = present(item, "encrypted_content")
+    if blob is None:
+        missing(blob_path)
+    if keys is None:  # only a render without the shell's keys: nothing to open with
+        fail(blob_path, blob, "cannot be opened here", code="invalid_encrypted_content")
+    return compaction.render(compaction.open_sealed(keys, blob, blob_path))
 
 
 def _opened(keys: ReasoningKeys, blob: str, path: str) -> list[str]:

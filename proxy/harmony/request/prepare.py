@@ -34,6 +34,7 @@ from proxy.harmony import tokens
 from proxy.harmony.constraint import OutputConstraint
 from proxy.harmony.reasoning_seal import ReasoningKeys
 from proxy.harmony.request.check import spec_only
+from proxy.harmony.request.compaction import read_context_management
 from proxy.harmony.request.fields import Fields, read_fields
 from proxy.harmony.request.fit import fit_prompt
 from proxy.harmony.request.guided import output_constraint, tool_choice_format
@@ -65,6 +66,8 @@ class PreparedRequest:
     - `constraint`: what `tool_choice` and `text.format` demand of the output (constraint.py;
       None: nothing). `completion_body` carries its guided decoding as `response_format`,
       which only an upstream with a guided-decoding backend enforces.
+    - `leading`: output items the response carries before the generated ones: the compaction
+      the shell made for it (request/compaction.py; set by the shell, never here).
     """
 
     model: str
@@ -78,6 +81,7 @@ class PreparedRequest:
     sealed_reasoning: bool = False
     top_logprobs: int | None = None
     constraint: OutputConstraint | None = None
+    leading: tuple[dict[str, Any], ...] = ()
 
 
 #: The include that asks for token logprobs.
@@ -120,6 +124,7 @@ def prepare_request(
     if prefixes is not None and prefixes.encoding is not encoding:
         raise ValueError("the prefix cache belongs to another HarmonyEncoding")
     fields = read_fields(body)
+    read_context_management(body.get("context_management"))  # the shell acts on it
     toolset = read_tools(fields.tools)
     text = read_text(fields.text)
     # tool_choice as guided decoding (request/guided.py), holding the final answer to

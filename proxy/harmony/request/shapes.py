@@ -144,6 +144,15 @@ INPUT_ITEM = Kinds(
             },
         ),
         "item_reference": _shape("an 'item_reference' input item", "type id", "ItemReferenceParam"),
+        "compaction": _shape(
+            "a 'compaction' input item", "type id encrypted_content", "CompactionSummaryItemParam"
+        ),
+        "compaction_trigger": _shape(
+            "a 'compaction_trigger' input item",
+            "type",
+            "CompactionTriggerItemParam",
+            extra="id",  # openai-python's `CompactionTrigger` has it
+        ),
     },
     untyped=_MESSAGE,
 )

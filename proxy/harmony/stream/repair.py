@@ -137,6 +137,10 @@ class ResponseStream(TokenMachine):
         snapshot = self._snapshot()
         self._emit(ev.response_event("response.created", snapshot))
         self._emit(ev.response_event("response.in_progress", self._snapshot()))
+        for item in self._ctx.leading:  # made before generation: whole at once
+            self._emit(ev.item_added(len(self._output), item))
+            self._emit(ev.item_done(len(self._output), item))
+            self._output.append(item)
         if self._recovery is not None:
             self._recovery.start()
         return self._log.take()

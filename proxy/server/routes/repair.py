@@ -29,6 +29,7 @@ from proxy.errors import ClientError, ProxyError, UnavailableError, UpstreamErro
 from proxy.harmony.constraint import OutputConstraint
 from proxy.metrics import CLIENT_TIMEOUT
 from proxy.server import asgi
+from proxy.server.compaction import compacting
 from proxy.server.deps import until_drained
 from proxy.server.exchange import Exchange
 from proxy.server.outcome import outcome_of, report
@@ -64,8 +65,18 @@ async def serve_repaired(
     scope_key = scope_of(scope["headers"], settings.store_scope_header)
     try:
         admitted = await admit(
-            services, scope, body, request_id, started, scope_key, on_prepared=on_prepared
+            services,
+            scope,
+            body,
+            request_id,
+            started,
+            scope_key,
+            on_prepared=on_prepared,
+            inbound=inbound,
         )
+    except asgi.ClientDisconnected:  # gone while its compaction ran (cancelled with it)
+        metrics.disconnects.labels("before_upstream").inc()
+        return
     except ProxyError as error:
         await refuse(
             services,
@@ -165,6 +176,7 @@ async def admit(
     *,
     on_prepared: Callable[[], None] | None = None,
     previous_response_id: str | None = None,
+    inbound: asgi.Inbound | None = None,
 ) -> Admitted:
     """Render `body` (with its stored context), check what upstream can do and the stream
     limit, and make its exchange; a refusal raises `ProxyError`. `previous_response_id`: the
@@ -173,14 +185,19 @@ async def admit(
     deps, stateful = services.deps, services.stateful
     state, settings = deps.state, deps.settings
     context: Context | None = None
+    # A body may ask to be compacted first (server/compaction.py); a client gone during that
+    # pass (`inbound`) cancels it: `asgi.ClientDisconnected`.
+    body, render = compacting(
+        deps, body, deps.renderer.prepare, request_id, started, asgi.header_pairs(scope), inbound
+    )
     try:
         if stateful is not None:
             prepared, context = await until_drained(
-                state, stateful.prepare(body, scope_key, deps.renderer.prepare)
+                state, stateful.prepare(body, scope_key, render)
             )
         else:
             refuse_without_store(body)
-            prepared = await until_drained(state, deps.renderer.prepare(body))
+            prepared = await until_drained(state, render(body))
     finally:
         if on_prepared is not None:
             on_prepared()

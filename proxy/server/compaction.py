@@ -1,0 +1,173 @@
+"""The summarisation pass of a compaction, run through upstream and the repair core like any
+response (with its reasoning), answered as data instead of to a client.
+
+The pass is an `Exchange` over a prepared `/v1/responses` body (request/compaction.py's
+`pass_body`: the history, then the summarisation instruction, no tools, not stored) whose JSON
+answer is kept here. Anything but a completed response with a summary — upstream unreachable,
+cut, timed out, a tool call, an empty answer — is one 502 `compaction_failed`: the client's
+history is untouched and it can retry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy.errors import ClientError, ProxyError, UpstreamError
+from proxy.harmony.request import compaction
+from proxy.harmony.request.prepare import PreparedRequest
+from proxy.server import asgi
+from proxy.server.deps import RepairDeps
+from proxy.server.exchange import Exchange
+
+COMPACTION_FAILED = "compaction_failed"
+
+
+@dataclass(frozen=True, slots=True)
+class Pass:
+    """A finished pass: the summary and the pass's `usage`."""
+
+    summary: str
+    usage: dict[str, Any]
+
+
+async def summarise(
+    deps: RepairDeps,
+    prepared: PreparedRequest,
+    request_id: str,
+    started: float,
+    headers: list[tuple[str, str]],
+) -> Pass:
+    """Run the pass (module doc); `UpstreamError` 502 `compaction_failed` when it fails."""
+    state, settings = deps.state, deps.settings
+    capability = state.capability
+    if not capability.token_ids:
+        raise _failed(f"upstream cannot serve the pass: {capability.detail}")
+    if settings.max_concurrent_streams and state.in_flight >= settings.max_concurrent_streams:
+        raise ClientError(  # the pass is a stream upstream like any other
+            f"the proxy is serving its limit of {settings.max_concurrent_streams} streams; "
+            "retry shortly",
+            status=429,
+            code="too_many_streams",
+        )
+    exchange = Exchange(
+        deps,
+        prepared,
+        request_id,
+        started,
+        headers,
+        guided=capability.guided,
+        takes_response_format=capability.takes_response_format,
+    )
+    answer = _Kept()
+    state.in_flight += 1
+    deps.metrics.in_flight.inc()
+    try:
+        await exchange.answer(answer)
+    except ProxyError as error:
+        raise _failed(f"the summarisation pass failed: {error.message}") from None
+    finally:
+        state.in_flight -= 1
+        deps.metrics.in_flight.dec()
+    response = answer.json()
+    summary = compaction.summary_of(response)
+    if summary is None:
+        raise _failed("the summarisation pass did not complete with a summary")
+    return Pass(summary, response.get("usage") or {})
+
+
+Render = Callable[[dict[str, Any]], Awaitable[PreparedRequest]]
+
+
+def compacting(
+    deps: RepairDeps,
+    body: dict[str, Any],
+    render: Render,
+    request_id: str,
+    started: float,
+    headers: list[tuple[str, str]],
+    inbound: asgi.Inbound | None = None,
+) -> tuple[dict[str, Any], Render]:
+    """`body` without a last `compaction_trigger` item (never stored: it is a request, not
+    history), and `render`, compacting first where the body asks for it: that trigger, or a
+    prompt past `context_management`'s `compact_threshold`. Then the summarisation pass runs
+    (`summarise`) over the merged history, and the body renders as its compaction item alone
+    (everything before it is dropped, as for any compaction item; the kept user messages are
+    inside it), with the item as the response's first output item. `input_tokens` is thus the
+    compacted prompt's. A client that goes away during the pass (`inbound`) cancels it, and
+    its upstream request: `asgi.ClientDisconnected`."""
+    item_trigger = compaction.triggered(body)
+    if item_trigger:
+        body = {**body, "input": body["input"][:-1]}
+
+    async def render_compacting(body: dict[str, Any]) -> PreparedRequest:
+        prepared = await render(body)  # validates every field, `context_management` included
+        threshold = compaction.read_context_management(body.get("context_management"))
+        if not item_trigger and (threshold is None or len(prepared.prompt_token_ids) <= threshold):
+            return prepared
+        trigger = "item" if item_trigger else "threshold"
+        try:
+            pass_prepared = await render(compaction.pass_body(body))
+            done = await watched(
+                inbound, summarise(deps, pass_prepared, request_id, started, headers)
+            )
+        except UpstreamError:
+            deps.metrics.compactions.labels(trigger, "failed").inc()
+            raise
+        items = body.get("input")
+        history = items if isinstance(items, list) else [{"role": "user", "content": items}]
+        kept = compaction.kept(history, deps.reasoning_keys)
+        blob = compaction.seal(deps.reasoning_keys, done.summary, kept)
+        item = compaction.compaction_item(deps.ids("cmp"), blob)
+        compacted = await render({**body, "input": [item]})
+        deps.metrics.compactions.labels(trigger, "ok").inc()
+        deps.log(
+            "compaction",
+            request_id=request_id,
+            trigger=trigger,
+            prompt_tokens=len(prepared.prompt_token_ids),
+            compacted_tokens=len(compacted.prompt_token_ids),
+            kept_items=len(kept),
+            pass_input_tokens=done.usage.get("input_tokens"),
+            pass_output_tokens=done.usage.get("output_tokens"),
+        )
+        return dataclasses.replace(compacted, leading=(item,))
+
+    return body, render_compacting
+
+
+async def watched(inbound: asgi.Inbound | None, work: Awaitable[Pass]) -> Pass:
+    """`work`, cancelled when the client goes away first (`asgi.ClientDisconnected`)."""
+    if inbound is None:
+        return await work
+    kept: list[Pass] = []
+
+    async def run() -> None:
+        kept.append(await work)
+
+    if await asgi.run_until_disconnect(inbound, run()):
+        raise asgi.ClientDisconnected("the client went away during the compaction")
+    return kept[0]
+
+
+def _failed(message: str) -> UpstreamError:
+    return UpstreamError(message, status=502, code=COMPACTION_FAILED)
+
+
+class _Kept:
+    """An ASGI `send` that keeps the JSON answer's body."""
+
+    def __init__(self) -> None:
+        self.body = bytearray()
+
+    async def __call__(self, message: Any) -> None:
+        if message["type"] == "http.response.body":
+            self.body += message.get("body", b"")
+
+    def json(self) -> dict[str, Any]:
+        loaded = orjson.loads(bytes(self.body)) if self.body else {}
+        return loaded if isinstance(loaded, dict) else {}
