@@ -21,6 +21,7 @@ from proxy.harmony.response import IdFactory
 from proxy.harmony.stream.parser import TokenTable
 from proxy.metrics import Metrics
 from proxy.server.rendering.pool import Renderer
+from proxy.tracing import Tracing
 from proxy.upstream.client import Upstream
 from proxy.upstream.probe import Capability
 
@@ -85,6 +86,8 @@ class RepairDeps:
     tokens: TokenTable | None = None
     clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
+    #: Traces (proxy/tracing.py); None: off, and no span is made.
+    tracing: Tracing | None = None
 
 
 async def until_drained(state: ServerState, work: Awaitable[T]) -> T:

@@ -32,6 +32,7 @@ from proxy.server.rendering.worker import RenderOptions
 from proxy.server.stateful.background import Background
 from proxy.server.stateful.state import Stateful
 from proxy.store import OFF, Store
+from proxy.tracing import TraceConfig, Tracing, start_tracing
 from proxy.upstream.client import Upstream
 from proxy.upstream.transport import Transport
 
@@ -58,6 +59,8 @@ class Seams(TypedDict, total=False):
     reasoning_keys: ReasoningKeys | None
     #: The response store (default: the lifespan opens the one `store_url` names).
     store: Store | None
+    #: Traces (default: from the otel_* settings and the OTEL_* environment; None: off).
+    tracing: Tracing | None
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,11 @@ def build_services(
     clock = seams.get("clock", time.time)
     ids = seams.get("ids", random_id)
 
+    tracing = seams["tracing"] if "tracing" in seams else start_tracing(trace_config(settings))
+
     def log(message: str, **fields: Any) -> None:
+        if tracing is not None:  # a log line leads to its trace
+            fields.update(tracing.ids())
         logger.info(message, extra=fields)
 
     reasoning_keys = seams.get("reasoning_keys") or _reasoning_keys(settings, logger)
@@ -150,6 +157,7 @@ def build_services(
         clock=clock,
         monotonic=seams.get("monotonic", time.monotonic),
         renderer=renderer,
+        tracing=tracing,
     )
     store = seams.get("store")
     stateful = None
@@ -163,6 +171,17 @@ def build_services(
         stateful=stateful,
         background=None if stateful is None else Background(deps, stateful),
         store=store,
+    )
+
+
+def trace_config(settings: Settings) -> TraceConfig:
+    """The otel_* settings; what they leave unset comes from the OTEL_* environment."""
+    return TraceConfig(
+        endpoint=settings.otel_traces_endpoint,
+        protocol=settings.otel_protocol,
+        sample_ratio=settings.otel_sample_ratio,
+        capture_content=settings.otel_capture_content,
+        service_name=settings.otel_service_name,
     )
 
 

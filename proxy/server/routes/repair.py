@@ -37,6 +37,7 @@ from proxy.server.stateful.background import answer_background
 from proxy.server.stateful.recording import recorder
 from proxy.server.stateful.scope import refuse_without_store, scope_of
 from proxy.server.stateful.state import Context
+from proxy.tracing import maybe_span
 from proxy.upstream.probe import Capability
 
 
@@ -63,15 +64,18 @@ async def serve_repaired(
     outcome = "client_error"
     scope_key = scope_of(scope["headers"], settings.store_scope_header)
     context: Context | None = None
+    if deps.tracing is not None:
+        deps.tracing.genai_request(body, request_id)
     try:
         try:
-            if stateful is not None:
-                prepared, context = await until_drained(
-                    state, stateful.prepare(body, scope_key, deps.renderer.prepare)
-                )
-            else:
-                refuse_without_store(body)
-                prepared = await until_drained(state, deps.renderer.prepare(body))
+            with maybe_span(deps.tracing, "prepare"):  # stored history read, then rendered
+                if stateful is not None:
+                    prepared, context = await until_drained(
+                        state, stateful.prepare(body, scope_key, deps.renderer.prepare)
+                    )
+                else:
+                    refuse_without_store(body)
+                    prepared = await until_drained(state, deps.renderer.prepare(body))
         finally:
             if on_prepared is not None:
                 on_prepared()
