@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +40,8 @@ PROVIDER = "tensorrt_llm"
 CONTENT_CHARS = 16_384
 _PROPAGATED = ("traceparent", "tracestate")
 INSTRUCTIONS = "gen_ai.system_instructions"
+#: The longest a process's exit waits for its last spans to be exported.
+SHUTDOWN_SECONDS = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,10 +201,13 @@ class Tracing:
         text = orjson.dumps(value, default=str).decode()
         return text if len(text) <= CONTENT_CHARS else text[:CONTENT_CHARS] + "…"
 
-    def shutdown(self) -> None:
-        """Export what is queued (bounded) and stop the export thread."""
-        self.provider.force_flush(timeout_millis=2000)
-        self.provider.shutdown()
+    def shutdown(self, timeout: float = SHUTDOWN_SECONDS) -> None:
+        """Export what is queued and stop, waiting at most `timeout` seconds: a collector that
+        is down or never answers must not hold up the process's exit (the export thread is a
+        daemon; what it still holds then is lost)."""
+        stopping = threading.Thread(target=self.provider.shutdown, daemon=True)
+        stopping.start()
+        stopping.join(timeout)
 
 
 def client_attributes(url: str) -> dict[str, Any]:
@@ -293,6 +299,7 @@ def start_tracing(config: TraceConfig, env: Mapping[str, str] | None = None) -> 
     if config.sample_ratio is not None:
         kwargs["sampler"] = ParentBased(TraceIdRatioBased(config.sample_ratio))
     # else the SDK's own: OTEL_TRACES_SAMPLER[_ARG], parent-based always-on by default
-    provider = TracerProvider(**kwargs)
+    # shut down by the app's lifespan, bounded (`Tracing.shutdown`), not at exit unbounded
+    provider = TracerProvider(shutdown_on_exit=False, **kwargs)
     provider.add_span_processor(BatchSpanProcessor(exporter))
     return Tracing(provider, capture_content=config.captures(env))

@@ -54,7 +54,7 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await services.renderer.aclose()
         await services.upstream.aclose()
         if deps.tracing is not None:  # the spans queued so far, exported (bounded: 2 s)
-            await asyncio.to_thread(deps.tracing.provider.force_flush, 2000)
+            await asyncio.to_thread(deps.tracing.shutdown)
 
 
 async def _open_store(services: Services) -> None:
