@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import signal
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -147,7 +146,8 @@ def test_serve_exports_the_span_tree_over_otlp_http(encoding: HarmonyEncoding) -
     assert resource["deployment.environment.name"] == "test"
     spans = {span.name: span for _, span in receiver.spans}
     server, prepare, client = spans[f"chat {MODEL}"], spans["prepare"], spans["POST"]
-    assert server.kind == Span.SPAN_KIND_SERVER and client.kind == Span.SPAN_KIND_CLIENT
+    assert server.kind == Span.SPAN_KIND_SERVER
+    assert client.kind == Span.SPAN_KIND_CLIENT
     assert {s.trace_id.hex() for s in (server, prepare, client)} == {TRACE_ID}
     assert server.parent_span_id.hex() == "b7ad6b7169203331"
     assert prepare.parent_span_id == server.span_id == client.parent_span_id
@@ -159,7 +159,8 @@ def test_serve_exports_the_span_tree_over_otlp_http(encoding: HarmonyEncoding) -
     assert attributes["proxy.request_id"] == "otlp-1"
     assert [event.name for event in server.events] == ["gen_ai.first_token", "proxy.terminal"]
     dumped = str([attributes_of(s.attributes) for _, s in receiver.spans])
-    assert SECRET not in dumped and "sk-live-secret" not in dumped
+    assert SECRET not in dumped
+    assert "sk-live-secret" not in dumped
     lines = [json.loads(line) for line in err[0].splitlines() if line.startswith(b"{")]
     request_lines = [line for line in lines if line["msg"] == "request"]
     assert [line.get("trace_id") for line in request_lines] == [TRACE_ID]
