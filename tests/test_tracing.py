@@ -301,3 +301,50 @@ def test_off_imports_nothing_of_opentelemetry() -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_genai_metrics_carry_the_trace_as_exemplar_in_openmetrics(
+    encoding: HarmonyEncoding,
+) -> None:
+    with traced(encoding, metrics_models=(MODEL,)) as stack:
+        client = stack.client()
+        client.responses.create(
+            model=MODEL,
+            input="hi",
+            max_output_tokens=32,
+            extra_headers={"traceparent": TRACEPARENT},
+        )
+        client.close()
+        openmetrics = httpx.get(
+            stack.proxy.url + "/metrics",
+            headers={"Accept": "application/openmetrics-text; version=1.0.0"},
+            timeout=10,
+        )
+        plain = httpx.get(stack.proxy.url + "/metrics", timeout=10)
+        spans = stack.spans(3)
+    server = by_name(spans, f"chat {MODEL}")
+    assert server.context is not None
+    assert openmetrics.headers["content-type"].startswith("application/openmetrics-text")
+    labels = (
+        f'gen_ai_operation_name="chat",gen_ai_provider_name="tensorrt_llm",'
+        f'gen_ai_request_model="{MODEL}"'
+    )
+    exemplar = f'# {{span_id="{server.context.span_id:016x}",trace_id="{TRACE_ID}"}}'
+    for name in (
+        "gen_ai_server_request_duration_seconds",
+        "gen_ai_server_time_to_first_token_seconds",
+        "gen_ai_server_time_per_output_token_seconds",
+    ):
+        lines = [
+            line
+            for line in openmetrics.text.splitlines()
+            if line.startswith(name + "_bucket{") and labels in line
+        ]
+        assert lines, name
+        assert any(exemplar in line for line in lines), lines
+        assert name + "_count{" in plain.text
+    # the convention's boundaries
+    assert "gen_ai_server_time_to_first_token_seconds_bucket{" in plain.text
+    assert 'le="0.001"' in plain.text
+    assert 'le="81.92"' in plain.text
+    assert "# {" not in plain.text  # no exemplars in Prometheus' text format

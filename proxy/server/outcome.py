@@ -9,7 +9,7 @@ from typing import Any
 from proxy.harmony.stream.record import RepairRecord
 from proxy.server.deps import RepairDeps
 from proxy.server.exchange import Exchange
-from proxy.tracing import Tracing, event_time
+from proxy.tracing import OPERATION, PROVIDER, Tracing, event_time
 
 #: The statuses a response can end with; anything else ended it as failed.
 _ENDED = frozenset({"completed", "incomplete", "failed", "cancelled"})
@@ -36,6 +36,16 @@ def report(
     started = exchange.started
     metrics.requests.labels("responses", stream_label, outcome, metrics.model_label(model)).inc()
     metrics.duration.observe(deps.monotonic() - started)
+    if deps.genai is not None:
+        first = exchange.first_content
+        deps.genai.observe(
+            (OPERATION, PROVIDER, metrics.model_label(model)),
+            duration=deps.monotonic() - started,
+            error_type="" if outcome in ("completed", "incomplete") else outcome,
+            first_token=None if first is None else first - started,
+            output_tokens=record.output_tokens,
+            exemplar=None if deps.tracing is None else deps.tracing.exemplar(),
+        )
     metrics.observe_record(record)
     if exchange.selfcheck.problem is not None and exchange.core.ended:
         metrics.selfcheck_failures.inc()

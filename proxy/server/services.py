@@ -25,6 +25,7 @@ from proxy.harmony.response import IdFactory, random_id
 from proxy.harmony.stream.parser import TokenTable
 from proxy.logs import get_logger
 from proxy.metrics import Metrics
+from proxy.metrics_genai import GenAIMetrics
 from proxy.server.deps import RepairDeps, ServerState
 from proxy.server.http.budget import BodyBudget
 from proxy.server.rendering.pool import Renderer, default_renderer
@@ -158,6 +159,7 @@ def build_services(
         monotonic=seams.get("monotonic", time.monotonic),
         renderer=renderer,
         tracing=tracing,
+        genai=GenAIMetrics(registry),
     )
     store = seams.get("store")
     stateful = None
