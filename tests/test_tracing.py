@@ -348,3 +348,27 @@ def test_genai_metrics_carry_the_trace_as_exemplar_in_openmetrics(
     assert 'le="0.001"' in plain.text
     assert 'le="81.92"' in plain.text
     assert "# {" not in plain.text  # no exemplars in Prometheus' text format
+
+
+def test_store_reads_of_a_request_are_spans_under_it(encoding: HarmonyEncoding) -> None:
+    with traced(encoding) as stack:
+        client = stack.client()
+        first = client.responses.create(model=MODEL, input="hi", max_output_tokens=16)
+        stack.spans(3)
+        stack.exporter.clear()
+        client.responses.create(
+            model=MODEL, input="and then?", previous_response_id=first.id, max_output_tokens=16
+        )
+        client.close()
+        spans = stack.spans(5)  # two reads, prepare, the upstream call, the request
+    prepare = by_name(spans, "prepare")
+    store = [s for s in spans if s.name.startswith("store ")]
+    assert store, [s.name for s in spans]
+    assert prepare.context is not None
+    reads = [
+        s for s in store if s.parent is not None and s.parent.span_id == prepare.context.span_id
+    ]
+    assert reads, [(s.name, s.parent) for s in store]
+    assert {dict(s.attributes or {})["proxy.store_backend"] for s in reads} == {"memory"}
+    server = by_name(spans, f"chat {MODEL}")
+    assert dict(server.attributes or {})["proxy.previous_response_id"] == first.id

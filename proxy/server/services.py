@@ -164,7 +164,7 @@ def build_services(
     store = seams.get("store")
     stateful = None
     if store is not None or settings.store_url != OFF:
-        stateful = Stateful(settings, metrics, ids=ids, clock=clock, logger=logger)
+        stateful = Stateful(settings, metrics, ids=ids, clock=clock, logger=logger, tracing=tracing)
     return Services(
         deps=deps,
         registry=registry,
