@@ -17,9 +17,9 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:  # the SDK is imported by `start_tracing` only
@@ -39,6 +39,8 @@ PROVIDER = "tensorrt_llm"
 #: Longest captured content attribute (with `capture_content` only).
 CONTENT_CHARS = 16_384
 _PROPAGATED = ("traceparent", "tracestate")
+_A = TypeVar("_A")
+_R = TypeVar("_R")
 INSTRUCTIONS = "gen_ai.system_instructions"
 #: The longest a process's exit waits for its last spans to be exported.
 SHUTDOWN_SECONDS = 2.0
@@ -168,6 +170,17 @@ class Tracing:
             content = self.content(body.get(key)) if key in body else None
             if content is not None:
                 span.set_attribute(name, content)
+
+    def traced(
+        self, name: str, call: Callable[[_A], Awaitable[_R]]
+    ) -> Callable[[_A], Awaitable[_R]]:
+        """`call`, each await of it a span `name` under the current one."""
+
+        async def traced_call(argument: _A) -> _R:
+            with self.span(name):
+                return await call(argument)
+
+        return traced_call
 
     def current(self) -> Span:
         from opentelemetry.trace import get_current_span

@@ -19,13 +19,14 @@ stateful/background.py, which runs it with no client.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.types import Scope, Send
 
 from proxy.errors import ClientError, ProxyError, UnavailableError, UpstreamError
 from proxy.harmony.constraint import OutputConstraint
+from proxy.harmony.request.prepare import PreparedRequest
 from proxy.metrics import CLIENT_TIMEOUT
 from proxy.server import asgi
 from proxy.server.deps import until_drained
@@ -68,14 +69,18 @@ async def serve_repaired(
         deps.tracing.genai_request(body, request_id)
     try:
         try:
+            render: Callable[[dict[str, Any]], Awaitable[PreparedRequest]]
+            render = deps.renderer.prepare
+            if deps.tracing is not None:
+                render = deps.tracing.traced("render", render)
             with maybe_span(deps.tracing, "prepare"):  # stored history read, then rendered
                 if stateful is not None:
                     prepared, context = await until_drained(
-                        state, stateful.prepare(body, scope_key, deps.renderer.prepare)
+                        state, stateful.prepare(body, scope_key, render)
                     )
                 else:
                     refuse_without_store(body)
-                    prepared = await until_drained(state, deps.renderer.prepare(body))
+                    prepared = await until_drained(state, render(body))
         finally:
             if on_prepared is not None:
                 on_prepared()
