@@ -2,7 +2,7 @@
 on loopback started here, which decodes each `ExportTraceServiceRequest` with
 opentelemetry-proto: the span tree, names and attributes, the context the simulator receives,
 no content by default, trace ids in the logs; and a collector that is down or never answers
-costs the requests nothing."""
+costs the requests nothing. The gRPC exporter, to a TraceService on loopback."""
 
 from __future__ import annotations
 
@@ -12,18 +12,22 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from concurrent import futures
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import grpc
 import httpx
 from openai import OpenAI
 from openai_harmony import HarmonyEncoding
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from proxy.simulator.app import create_simulator_app
 from proxy.simulator.config import SimulatorConfig
+from proxy.tracing import TraceConfig, start_tracing
 from tests.live import LiveServer, free_port, wait_for
 from tests.test_serve_cli import start
 
@@ -196,3 +200,34 @@ def test_a_dead_or_silent_collector_costs_requests_nothing(encoding: HarmonyEnco
             # every request as quick as without tracing: no export on the request's way
             assert sorted(took)[len(took) // 2] < 0.5, took
             assert max(took) < 2, took
+
+
+class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
+    def __init__(self) -> None:
+        self.spans: list[Span] = []
+
+    def Export(self, request: ExportTraceServiceRequest, context: Any) -> Any:
+        for resource_spans in request.resource_spans:
+            for scope_spans in resource_spans.scope_spans:
+                self.spans.extend(scope_spans.spans)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+def test_grpc_is_the_other_protocol() -> None:
+    """`otel_protocol = grpc` (or OTEL_EXPORTER_OTLP_PROTOCOL=grpc): the SDK's gRPC exporter, to
+    a TraceService on loopback."""
+    service = _TraceService()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(service, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}"}
+        tracing = start_tracing(TraceConfig(protocol="grpc"), env)
+        assert tracing is not None
+        with tracing.span("checked"):
+            pass
+        tracing.shutdown()
+        assert wait_for(lambda: [s.name for s in service.spans] == ["checked"], 10)
+    finally:
+        server.stop(None)
