@@ -12,6 +12,8 @@ only in the OpenMetrics exposition, which `/metrics` answers when the scraper as
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.openmetrics import exposition as openmetrics
 
@@ -26,12 +28,15 @@ TIME_PER_OUTPUT_TOKEN_BUCKETS = (
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
 )  # fmt: skip
 _LABELS = ["gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model"]
+#: The GenAI operation of `POST /v1/responses`, and the system behind the proxy (as on spans).
+OPERATION = "chat"
+PROVIDER = "tensorrt_llm"
 
 
 class GenAIMetrics:
     """The three histograms (module doc) on `registry`."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, models: Iterable[str] = ()) -> None:
         self.request_duration = Histogram(
             "gen_ai_server_request_duration",
             "GenAI server request duration: request received to its last byte (OpenTelemetry "
@@ -59,6 +64,12 @@ class GenAIMetrics:
             buckets=TIME_PER_OUTPUT_TOKEN_BUCKETS,
             registry=registry,
         )
+        # Every series a dashboard selects exists from the first scrape (no "No data").
+        for model in (*models, "other"):
+            labels = (OPERATION, PROVIDER, model)
+            self.request_duration.labels(*labels, "")
+            self.time_to_first_token.labels(*labels)
+            self.time_per_output_token.labels(*labels)
 
     def observe(
         self,

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from proxy import metrics_genai as genai
 from proxy.harmony.stream.record import RepairRecord
 from proxy.server.deps import RepairDeps
 from proxy.server.exchange import Exchange
-from proxy.tracing import OPERATION, PROVIDER, Tracing, event_time
+from proxy.tracing import Tracing, event_time
 
 #: The statuses a response can end with; anything else ended it as failed.
 _ENDED = frozenset({"completed", "incomplete", "failed", "cancelled"})
@@ -39,7 +40,7 @@ def report(
     if deps.genai is not None:
         first = exchange.first_content
         deps.genai.observe(
-            (OPERATION, PROVIDER, metrics.model_label(model)),
+            (genai.OPERATION, genai.PROVIDER, metrics.model_label(model)),
             duration=deps.monotonic() - started,
             error_type="" if outcome in ("completed", "incomplete") else outcome,
             first_token=None if first is None else first - started,

@@ -159,7 +159,7 @@ def build_services(
         monotonic=seams.get("monotonic", time.monotonic),
         renderer=renderer,
         tracing=tracing,
-        genai=GenAIMetrics(registry),
+        genai=GenAIMetrics(registry, settings.metrics_models),
     )
     store = seams.get("store")
     stateful = None
