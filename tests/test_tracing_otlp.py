@@ -231,3 +231,20 @@ def test_grpc_is_the_other_protocol() -> None:
         assert wait_for(lambda: [s.name for s in service.spans] == ["checked"], 10)
     finally:
         server.stop(None)
+
+
+def test_a_protocol_the_proxy_cannot_export_fails_at_start() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PROXY_", "OTEL_"))}
+    env |= {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", "serve", "--port", str(free_port())],
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert b"OTEL_EXPORTER_OTLP_PROTOCOL='http/json'" in result.stderr
+    assert b"Traceback" not in result.stderr
