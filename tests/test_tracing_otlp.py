@@ -7,8 +7,11 @@ costs the requests nothing. The gRPC exporter, to a TraceService on loopback."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
