@@ -236,6 +236,24 @@ def test_grpc_is_the_other_protocol() -> None:
         server.stop(None)
 
 
+def test_the_render_worker_exports_its_span_under_the_request(encoding: HarmonyEncoding) -> None:
+    """A body past the inline bound renders in the render worker process, whose own exporter
+    sends its span, a child of the request's `render` span, to the same collector."""
+    with receiving() as receiver, simulator(encoding) as upstream:
+        env = {**FAST_EXPORT, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.url}
+        with serving(upstream.url, **env) as (url, _):
+            long_input = " ".join(["a word of a long prompt"] * 200)  # past 2 KiB: a worker
+            with OpenAI(base_url=url + "/v1", api_key="sk", max_retries=0) as client:
+                client.responses.create(model=MODEL, input=long_input, max_output_tokens=16)
+            names = lambda: {span.name for _, span in receiver.spans}  # noqa: E731
+            assert wait_for(lambda: {"render worker", f"chat {MODEL}"} <= names(), 15)
+    spans = {span.name: span for _, span in receiver.spans}
+    worker, render = spans["render worker"], spans["render"]
+    assert worker.trace_id == render.trace_id == spans[f"chat {MODEL}"].trace_id
+    assert worker.parent_span_id == render.span_id
+    assert "a word of a long prompt" not in str(receiver.spans)
+
+
 def test_a_protocol_the_proxy_cannot_export_fails_at_start() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PROXY_", "OTEL_"))}
     env |= {

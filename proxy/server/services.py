@@ -136,7 +136,12 @@ def build_services(
         settings,
         encoding,
         prefixes,
-        RenderOptions(reasoning_keys, settings.max_prompt_tokens),
+        RenderOptions(
+            reasoning_keys,
+            settings.max_prompt_tokens,
+            # traces from the settings: the render workers export their own spans too
+            traces=None if tracing is None or "tracing" in seams else trace_config(settings),
+        ),
         metrics,
         log,
     )
