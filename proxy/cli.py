@@ -55,7 +55,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             from proxy.server.processes.worker import check_settings
 
             check_settings(settings, workers)
-    except config.ConfigError as exc:
+        _check_tracing(settings)
+    except (config.ConfigError, ValueError) as exc:
         print(f"error: bad setting: {exc}", file=sys.stderr)
         return 2
     logger = logs.configure(settings.log_level, settings.log_format)
@@ -74,6 +75,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # a second Ctrl-C
         return 130
     return 0
+
+
+def _check_tracing(settings: config.Settings) -> None:
+    """A traces protocol the proxy cannot export (OTEL_EXPORTER_OTLP_PROTOCOL=http/json) fails
+    at start, like a bad setting (ValueError), not in each worker."""
+    from proxy.tracing import TraceConfig
+
+    traces = TraceConfig(endpoint=settings.otel_traces_endpoint, protocol=settings.otel_protocol)
+    if traces.resolved_endpoint(os.environ) is not None:
+        traces.resolved_protocol(os.environ)
 
 
 def _supervise(

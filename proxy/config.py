@@ -185,6 +185,27 @@ class Settings:
         "json", values.choice("json", "text"), "one JSON object per line, or text")
     log_content: bool = setting(
         False, values.boolean, "debug only: log prompts and outputs (never enable in production)")
+    otel_traces_endpoint: str | None = setting(
+        None, values.url,
+        "OTLP endpoint OpenTelemetry traces are exported to (http/protobuf: the full "
+        "/v1/traces URL; grpc: the collector's address); unset: OTEL_EXPORTER_OTLP_TRACES_"
+        "ENDPOINT, else OTEL_EXPORTER_OTLP_ENDPOINT; none of them set: tracing is off",
+        example="http://127.0.0.1:4318/v1/traces")
+    otel_protocol: str | None = setting(
+        None, values.choice("http/protobuf", "grpc"),
+        "OTLP protocol of the traces; unset: OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL, else "
+        "http/protobuf", example="grpc")
+    otel_sample_ratio: float | None = setting(
+        None, values.fraction,
+        "share of new traces recorded, 0 to 1 (a client's sampled flag is followed); unset: "
+        "OTEL_TRACES_SAMPLER[_ARG], else every trace", example=0.1)
+    otel_service_name: str | None = setting(
+        None, str, "service.name of the traces; unset: OTEL_SERVICE_NAME, else "
+        "responses-repair-proxy", example="responses-repair-proxy")
+    otel_capture_content: bool = setting(
+        False, values.boolean,
+        "put prompts and outputs on spans (the GenAI opt-in, also "
+        "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true); debug only")
     reasoning_keys: tuple[tuple[str, bytes], ...] = setting(
         (), parse_keys,
         "AES-256-GCM keys for include reasoning.encrypted_content and compaction items, "

@@ -62,6 +62,13 @@ def positive_float(value: str) -> float:
     return number
 
 
+def fraction(value: str) -> float:
+    number = float(value)
+    if not 0 <= number <= 1:
+        raise ValueError("must be a number from 0 to 1")
+    return number
+
+
 def non_negative_float(value: str) -> float:
     number = float(value)
     if not number >= 0:

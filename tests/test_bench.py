@@ -74,6 +74,22 @@ def test_capacity_measures_cpu_and_memory_without_errors() -> None:
     assert re.search(r"CPU per response = -?[0-9.]+ ms \+ -?[0-9.]+ µs × tokens", output), output
 
 
+def test_tracing_cost_compares_off_on_and_before_without_errors() -> None:
+    output = bench(
+        "tracing_cost.py",
+        *("--before", str(ROOT), "--concurrency", "4", "--streams", "4"),
+        *("--tokens", "60", "--repeats", "1"),
+    )
+    table = rows(output)
+    for build in ("before", "off", "on"):
+        assert table[build][0] == "4", table  # every stream completed
+        assert table[build][-1] == "0", table  # no errors
+    exports = re.search(r"OTLP exports received: ([0-9]+)", output)
+    assert exports is not None, output
+    assert int(exports.group(1)) >= 1, output  # `on` exported
+    assert re.search(r"tracing on \(100 % sampled\) vs off: [0-9.]+ ×", output), output
+
+
 def test_store_cost_measures_every_store_without_errors() -> None:
     table = rows(
         bench(

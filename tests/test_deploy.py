@@ -35,6 +35,7 @@ from proxy.server.app import create_app
 from proxy.server.processes import runner as server
 from proxy.server.processes.cpus import usable_cpus
 from proxy.simulator import SimulatorConfig, create_simulator_app
+from proxy.tracing import TraceConfig
 from tests.deploy_support import (
     DASHBOARD,
     DEPLOY,
@@ -335,6 +336,62 @@ def test_kubernetes_proxy_keeps_its_store_on_a_data_volume(
     assert int(size[:-2]) * 1024**3 > settings.store_max_bytes
 
 
+def _rendered_env(directory: str) -> dict[str, str]:
+    """The proxy container's environment in the kustomization `directory`."""
+    return _proxy_env({(d["kind"], d["metadata"]["name"]): d for d in _kustomize(directory)})
+
+
+def test_kubernetes_tracing_overlay_points_the_proxy_at_a_collector() -> None:
+    env = _rendered_env("overlays/tracing")
+    endpoint = TraceConfig().resolved_endpoint(env)
+    assert endpoint == "http://otel-collector.observability.svc:4318/v1/traces"
+    assert TraceConfig().resolved_protocol(env) == "http/protobuf"
+    assert env["OTEL_SERVICE_NAME"] == "responses-repair-proxy"
+    assert env["OTEL_TRACES_SAMPLER"] == "parentbased_traceidratio"
+    assert 0 < float(env["OTEL_TRACES_SAMPLER_ARG"]) <= 1
+    assert load_settings(env).upstream_url  # the base's settings are kept
+    # the base itself traces nothing
+    assert TraceConfig().resolved_endpoint(_rendered_env("base")) is None
+
+
+@pytest.mark.parametrize("name", COMPOSE_FILES)
+def test_compose_tracing_profile_feeds_jaeger_and_grafana(name: str) -> None:
+    services = _compose(name)["services"]
+    collector, jaeger, proxy = services["otel-collector"], services["jaeger"], services["proxy"]
+    assert collector["profiles"] == jaeger["profiles"] == ["tracing"]
+    # off by default; the documented endpoint reaches the collector's OTLP/HTTP receiver
+    assert TraceConfig().resolved_endpoint(_interpolated(proxy["environment"])) is None
+    documented = "OTEL_EXPORTER_OTLP_ENDPOINT=http://otel-collector:4318"
+    assert documented in (DEPLOY / "compose" / name).read_text()
+    mounts = dict(volume.split(":")[:2] for volume in collector["volumes"])
+    config = yaml.safe_load((DEPLOY / "compose" / "../otel/collector.yaml").read_text())
+    assert mounts["../otel/collector.yaml"] in " ".join(collector["command"])
+    assert config["receivers"]["otlp"]["protocols"]["http"]["endpoint"].endswith(":4318")
+    assert "4318" in collector["expose"]
+    [exporter] = config["service"]["pipelines"]["traces"]["exporters"]
+    assert config["exporters"][exporter]["endpoint"] == "jaeger:4317"
+    assert "4317" in jaeger["expose"]
+    # exemplars: stored by Prometheus, and linked by Grafana to the trace datasource
+    assert "--enable-feature=exemplar-storage" in services["prometheus"]["command"]
+    datasources = DEPLOY / "grafana/provisioning/datasources"
+    [traces] = yaml.safe_load((datasources / "jaeger.yaml").read_text())["datasources"]
+    assert traces["url"] == "http://jaeger:16686"
+    [metrics] = yaml.safe_load((datasources / "prometheus.yaml").read_text())["datasources"]
+    [link] = metrics["jsonData"]["exemplarTraceIdDestinations"]
+    assert link == {"name": "trace_id", "datasourceUid": traces["uid"]}
+
+
+def test_dashboard_links_slow_genai_buckets_to_their_traces() -> None:
+    exemplars = [
+        target["expr"]
+        for _, panel in dashboard_panels()
+        for target in panel["targets"]
+        if target.get("exemplar")
+    ]
+    assert any("gen_ai_server_request_duration_seconds_bucket" in e for e in exemplars)
+    assert any("gen_ai_server_time_to_first_token_seconds_bucket" in e for e in exemplars)
+
+
 def test_kubernetes_replicas_overlay_shares_one_redis() -> None:
     docs = _kustomize("overlays/replicas")
     by_kind: dict[str, list[dict[str, Any]]] = {}
@@ -384,7 +441,15 @@ def _compose(name: str) -> dict[str, Any]:
 def test_compose_stack(name: str) -> None:
     compose = _compose(name)
     services = compose["services"]
-    assert set(services) == {"trtllm-serve", "proxy", "prometheus", "grafana", "redis"}
+    assert set(services) == {
+        "trtllm-serve",
+        "proxy",
+        "prometheus",
+        "grafana",
+        "redis",
+        "otel-collector",
+        "jaeger",
+    }
     proxy = services["proxy"]
     settings = load_settings(_interpolated(proxy["environment"]))
     assert settings.upstream_url == f"http://trtllm-serve:{UPSTREAM_PORT}"
@@ -492,7 +557,7 @@ def test_the_trtllm_config_check_fails_without_the_backend() -> None:
 
 def test_compose_simulator_variant_differs_only_in_the_upstream() -> None:
     gpu, simulator = (_compose(name)["services"] for name in COMPOSE_FILES)
-    for name in ("proxy", "prometheus", "grafana", "redis"):
+    for name in ("proxy", "prometheus", "grafana", "redis", "otel-collector", "jaeger"):
         assert gpu[name] == simulator[name], name
     upstream = simulator["trtllm-serve"]
     assert "deploy" not in upstream

@@ -10,7 +10,8 @@ the `Services` built once per app (services.py).
     anything else                         to upstream untouched (routes/passthrough.py)
 
 Every request first goes through `ForwardingMiddleware` (http/forwarding.py): the forwarding
-headers are set from the connection, never taken from the client.
+headers are set from the connection, never taken from the client. With tracing on, then
+`ServerSpans` (http/spans.py) opens its server span.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from starlette.routing import Mount, Route, WebSocketRoute, request_response
 
 from proxy.config import Settings
 from proxy.server.http.forwarding import ForwardingMiddleware
+from proxy.server.http.spans import ServerSpans
 from proxy.server.lifespan import lifespan
 from proxy.server.routes import (
     compact,
@@ -50,6 +52,7 @@ def create_app(settings: Settings, encoding: HarmonyEncoding, **seams: Unpack[Se
     `app.state.services` holds what the routes share; `app.state.proxy` (the `ServerState`),
     `.metrics`, `.registry` and `.renderer` are the parts the runner and tests read."""
     services = build_services(settings, encoding, **seams)
+    tracing = services.deps.tracing
     # With the store off, stored response ids are upstream's business (the last route).
     stored_routes = [
         Route(_ONE, stored.retrieve, methods=["GET"]),
@@ -83,7 +86,11 @@ def create_app(settings: Settings, encoding: HarmonyEncoding, **seams: Unpack[Se
             WebSocketRoute("/{path:path}", websocket.elsewhere),
             Mount("/", Counted(passthrough.everything_else)),
         ],
-        middleware=[Middleware(ForwardingMiddleware, trusted_proxies=settings.trusted_proxies)],
+        middleware=[
+            Middleware(ForwardingMiddleware, trusted_proxies=settings.trusted_proxies),
+            # tracing off: no span middleware at all (proxy/tracing.py)
+            *([] if tracing is None else [Middleware(ServerSpans, tracing=tracing)]),
+        ],
         lifespan=lifespan,
     )
     app.state.services = services

@@ -20,7 +20,9 @@ from proxy.harmony.request.prefix import PrefixCache
 from proxy.harmony.response import IdFactory
 from proxy.harmony.stream.parser import TokenTable
 from proxy.metrics import Metrics
+from proxy.metrics_genai import GenAIMetrics
 from proxy.server.rendering.pool import Renderer
+from proxy.tracing import Tracing
 from proxy.upstream.client import Upstream
 from proxy.upstream.probe import Capability
 
@@ -87,6 +89,10 @@ class RepairDeps:
     tokens: TokenTable | None = None
     clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
+    #: The GenAI server histograms (metrics_genai.py); None: not counted.
+    genai: GenAIMetrics | None = None
+    #: Traces (proxy/tracing.py); None: off, and no span is made.
+    tracing: Tracing | None = None
 
 
 async def until_drained(state: ServerState, work: Awaitable[T]) -> T:

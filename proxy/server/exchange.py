@@ -33,6 +33,7 @@ from proxy.server.deadline import Deadline
 from proxy.server.deps import SHUTTING_DOWN, RepairDeps, until_drained
 from proxy.server.selfcheck import SelfCheck
 from proxy.server.sink import EventSink
+from proxy.tracing import client_attributes
 from proxy.upstream.completions import FrameError
 from proxy.upstream.frames import Frames
 
@@ -177,12 +178,24 @@ class Exchange:
     async def _opened(self) -> AsyncIterator[Frames]:
         """Upstream's stream; the wait for its head ends with a 503 at the drain's end."""
         async with contextlib.AsyncExitStack() as stack:
-            yield await until_drained(self.deps.state, stack.enter_async_context(self._upstream()))
+            headers, tracing = self.headers, self.deps.tracing
+            if tracing is not None:  # a CLIENT span to the stream's end; upstream joins it
+                url = self.deps.upstream.base_url + "/v1/completions"
+                span = stack.enter_context(
+                    tracing.span("POST", client_attributes(url), client=True)
+                )
+                headers = tracing.inject(headers)
+            opened = stack.enter_async_context(self._upstream(headers))
+            frames = await until_drained(self.deps.state, opened)
+            if tracing is not None:
+                span.add_event("upstream.head")
+                span.set_attribute("http.response.status_code", 200)
+            yield frames
 
-    def _upstream(self) -> Any:
+    def _upstream(self, headers: list[tuple[str, str]]) -> Any:
         # The client's own X-Request-Id is replaced by ours (the same when it was a sane one),
         # as on the pass-through route: never two of them, never the client's junk, upstream.
-        headers = [(n, v) for n, v in self.headers if n.lower() != asgi.REQUEST_ID]
+        headers = [(n, v) for n, v in headers if n.lower() != asgi.REQUEST_ID]
         body = self.prepared.completion_body
         if not self.takes_response_format and "response_format" in body:
             body = {key: value for key, value in body.items() if key != "response_format"}

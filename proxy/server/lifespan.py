@@ -4,7 +4,8 @@
             the one `store_url` names; it cannot open: the app does not start), the
             capability probe's loop (capability.py)
     end     the probe; background runs (the drain's time, then ended as failed); the store's
-            writer and chores, then the store; the render workers; the upstream client
+            writer and chores, then the store; the render workers; the upstream client; the
+            spans still queued for export, flushed (tracing on)
 
 Requests never outlive it: the runner's drain (processes/runner.py) ends them first.
 """
@@ -52,6 +53,8 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
             await services.stateful.aclose()
         await services.renderer.aclose()
         await services.upstream.aclose()
+        if deps.tracing is not None:  # the spans queued so far, exported (bounded: 2 s)
+            await asyncio.to_thread(deps.tracing.shutdown)
 
 
 async def _open_store(services: Services) -> None:

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from proxy import metrics_genai as genai
+from proxy.harmony.stream.record import RepairRecord
 from proxy.server.deps import RepairDeps
 from proxy.server.exchange import Exchange
+from proxy.tracing import Tracing, event_time
 
 #: The statuses a response can end with; anything else ended it as failed.
 _ENDED = frozenset({"completed", "incomplete", "failed", "cancelled"})
@@ -35,9 +38,21 @@ def report(
     started = exchange.started
     metrics.requests.labels("responses", stream_label, outcome, metrics.model_label(model)).inc()
     metrics.duration.observe(deps.monotonic() - started)
+    if deps.genai is not None:
+        first = exchange.first_content
+        deps.genai.observe(
+            (genai.OPERATION, genai.PROVIDER, metrics.model_label(model)),
+            duration=deps.monotonic() - started,
+            error_type="" if outcome in ("completed", "incomplete") else outcome,
+            first_token=None if first is None else first - started,
+            output_tokens=record.output_tokens,
+            exemplar=None if deps.tracing is None else deps.tracing.exemplar(),
+        )
     metrics.observe_record(record)
     if exchange.selfcheck.problem is not None and exchange.core.ended:
         metrics.selfcheck_failures.inc()
+    if deps.tracing is not None:
+        trace(deps.tracing, deps, exchange, outcome, record)
     content: dict[str, Any] = {}
     if deps.settings.log_content:
         snapshot = exchange.snapshot or {}
@@ -66,3 +81,49 @@ def report(
         selfcheck=exchange.selfcheck.problem,
         **extra,
     )
+
+
+def trace(
+    tracing: Tracing, deps: RepairDeps, exchange: Exchange, outcome: str, record: RepairRecord
+) -> None:
+    """The current span's GenAI response attributes, ours (`proxy.`), and the first-token and
+    terminal events; `error.type` when the response did not complete."""
+    from opentelemetry.trace import StatusCode
+
+    span = tracing.current()
+    now = deps.monotonic()
+    usage = (exchange.snapshot or {}).get("usage") or {}
+    attributes: dict[str, Any] = {
+        "gen_ai.response.id": exchange.response_id,
+        "gen_ai.response.model": exchange.ctx.model,
+        "gen_ai.usage.input_tokens": usage.get("input_tokens", exchange.ctx.input_tokens),
+        "gen_ai.usage.output_tokens": usage.get("output_tokens", record.output_tokens),
+        "proxy.outcome": outcome,
+        "proxy.frames": record.frames,
+        "proxy.tokens_per_frame": round(record.output_tokens / record.frames, 3)
+        if record.frames
+        else 0.0,
+        "proxy.reasoning_tokens": record.reasoning_tokens,
+        "proxy.repaired": record.repaired,
+        "proxy.recovered_events": sum(record.recovered_events.values()),
+        "proxy.recovered_chars": sum(record.recovered_chars.values()),
+        "proxy.stored": exchange.recorder is not None,
+    }
+    if record.finish_reason is not None:
+        attributes["gen_ai.response.finish_reasons"] = [record.finish_reason]
+    if exchange.error_code is not None:
+        attributes["proxy.error_code"] = exchange.error_code
+    if exchange.selfcheck.problem is not None:
+        attributes["proxy.selfcheck"] = exchange.selfcheck.problem
+    if outcome != "completed":
+        attributes["error.type"] = exchange.error_code or outcome
+        if outcome not in ("incomplete", "cancelled"):
+            span.set_status(StatusCode.ERROR, exchange.error_code or outcome)
+    span.set_attributes(attributes)
+    if exchange.first_content is not None:
+        span.add_event("gen_ai.first_token", timestamp=event_time(exchange.first_content, now))
+    if exchange.core.ended:
+        span.add_event("proxy.terminal", {"status": exchange.core.status})
+    content = tracing.content((exchange.snapshot or {}).get("output"))
+    if content is not None:
+        span.set_attribute("gen_ai.output.messages", content)

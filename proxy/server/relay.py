@@ -18,6 +18,7 @@ from proxy.errors import ProxyError, UpstreamError
 from proxy.metrics import CLIENT_TIMEOUT, Metrics
 from proxy.server import asgi
 from proxy.server.deps import ServerState, until_drained
+from proxy.tracing import Tracing
 from proxy.upstream.client import Upstream, end_to_end
 from proxy.upstream.stream import MalformedResponseError, Response, StreamError
 
@@ -77,6 +78,7 @@ async def forward(
     body: bytes | None = None,
     path_prefix_strip: str = "",
     state: ServerState | None = None,
+    tracing: Tracing | None = None,
 ) -> None:
     """Pass one request through; `body` when it was already read (a /v1/responses we skip).
 
@@ -98,6 +100,9 @@ async def forward(
         *[(n, v) for n, v in asgi.header_pairs(scope) if n.lower() != asgi.REQUEST_ID],
         (asgi.REQUEST_ID, request_id),
     ]
+    if tracing is not None:  # upstream's spans join the server span's trace
+        headers = tracing.inject(headers)
+        tracing.current().set_attribute("proxy.request_id", request_id)
     length = None
     content: bytes | AsyncIterator[bytes]
     if body is not None:
@@ -166,6 +171,8 @@ async def forward(
         disconnected=disconnected,
         duration_ms=round((monotonic() - started) * 1000, 2),
     )
+    if tracing is not None and error is not None:
+        tracing.current().set_attribute("proxy.error_code", error)
     if head_sent and error is not None:
         raise asgi.ResponseAborted(f"upstream's answer broke: {error}")
 

@@ -25,6 +25,7 @@ from proxy.harmony.response import IdFactory, random_id
 from proxy.harmony.stream.parser import TokenTable
 from proxy.logs import get_logger
 from proxy.metrics import Metrics
+from proxy.metrics_genai import GenAIMetrics
 from proxy.metrics_ws import WebSocketMetrics
 from proxy.server.deps import RepairDeps, ServerState
 from proxy.server.http.budget import BodyBudget
@@ -33,6 +34,7 @@ from proxy.server.rendering.worker import RenderOptions
 from proxy.server.stateful.background import Background
 from proxy.server.stateful.state import Stateful
 from proxy.store import OFF, Store
+from proxy.tracing import TraceConfig, Tracing, start_tracing
 from proxy.upstream.client import Upstream
 from proxy.upstream.transport import Transport
 
@@ -59,6 +61,8 @@ class Seams(TypedDict, total=False):
     reasoning_keys: ReasoningKeys | None
     #: The response store (default: the lifespan opens the one `store_url` names).
     store: Store | None
+    #: Traces (default: from the otel_* settings and the OTEL_* environment; None: off).
+    tracing: Tracing | None
 
 
 @dataclass(frozen=True)
@@ -122,7 +126,11 @@ def build_services(
     clock = seams.get("clock", time.time)
     ids = seams.get("ids", random_id)
 
+    tracing = seams["tracing"] if "tracing" in seams else start_tracing(trace_config(settings))
+
     def log(message: str, **fields: Any) -> None:
+        if tracing is not None:  # a log line leads to its trace
+            fields.update(tracing.ids())
         logger.info(message, extra=fields)
 
     reasoning_keys = seams.get("reasoning_keys") or _reasoning_keys(settings, logger)
@@ -131,7 +139,12 @@ def build_services(
         settings,
         encoding,
         prefixes,
-        RenderOptions(reasoning_keys, settings.max_prompt_tokens),
+        RenderOptions(
+            reasoning_keys,
+            settings.max_prompt_tokens,
+            # traces from the settings: the render workers export their own spans too
+            traces=None if tracing is None or "tracing" in seams else trace_config(settings),
+        ),
         metrics,
         log,
     )
@@ -153,11 +166,13 @@ def build_services(
         clock=clock,
         monotonic=seams.get("monotonic", time.monotonic),
         renderer=renderer,
+        tracing=tracing,
+        genai=GenAIMetrics(registry, settings.metrics_models),
     )
     store = seams.get("store")
     stateful = None
     if store is not None or settings.store_url != OFF:
-        stateful = Stateful(settings, metrics, ids=ids, clock=clock, logger=logger)
+        stateful = Stateful(settings, metrics, ids=ids, clock=clock, logger=logger, tracing=tracing)
     return Services(
         deps=deps,
         registry=registry,
@@ -167,6 +182,17 @@ def build_services(
         background=None if stateful is None else Background(deps, stateful),
         store=store,
         websocket=WebSocketMetrics(registry),
+    )
+
+
+def trace_config(settings: Settings) -> TraceConfig:
+    """The otel_* settings; what they leave unset comes from the OTEL_* environment."""
+    return TraceConfig(
+        endpoint=settings.otel_traces_endpoint,
+        protocol=settings.otel_protocol,
+        sample_ratio=settings.otel_sample_ratio,
+        capture_content=settings.otel_capture_content,
+        service_name=settings.otel_service_name,
     )
 
 

@@ -36,6 +36,7 @@ class RequestRecord:
     path: str
     started_at: float
     request_id: str | None = None  # the client's X-Request-Id
+    traceparent: str | None = None  # the W3C trace context the request carried
     stream: bool | None = None
     status: int | None = None  # HTTP status sent (None: nothing sent)
     prompt_ids: tuple[int, ...] = ()  # what the model was given

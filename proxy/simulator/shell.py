@@ -52,6 +52,8 @@ class Exchange:
         self.record: RequestRecord = state.open(
             scope["method"], scope["path"], self.headers.get("x-request-id")
         )
+        # trtllm-serve continues this trace in its own spans (`--otlp_traces_endpoint`)
+        self.record.traceparent = self.headers.get("traceparent")
 
     async def body(self) -> bytes:
         """The whole request body (`BodyTooLarge` past the configured limit)."""

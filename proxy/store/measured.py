@@ -5,6 +5,10 @@
 {op}`) and the entries evicted (`proxy_store_evictions_total{reason}`), and refreshes the
 stored-responses and bytes gauges from `stats()`. Waits (`wait_log`, `next_signals`) are counted
 when they fail but not timed: their time is the time nothing happened.
+
+With tracing on, a timed call made inside a traced request is a span `store {op}` under it;
+calls of the store's own tasks (the batched writer, the sweeper) belong to no request and
+make none.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import TypeVar
 
 from proxy.metrics import Metrics
 from proxy.store.base import Entry, Op, Stats, Store, StoreError
+from proxy.tracing import Tracing
 
 _T = TypeVar("_T")
 
@@ -27,13 +32,24 @@ class Measured(Store):
         store: Store,
         metrics: Metrics,
         monotonic: Callable[[], float] = time.monotonic,
+        *,
+        tracing: Tracing | None = None,
     ) -> None:
         self.inner = store
+        self._tracing = tracing
         self.kind = store.kind
         self._metrics = metrics
         self._monotonic = monotonic
 
     async def _measure(self, op: str, work: Awaitable[_T], *, timed: bool = True) -> _T:
+        tracing = self._tracing
+        if tracing is not None and timed and tracing.current().get_span_context().is_valid:
+            attributes = {"db.operation.name": op, "proxy.store_backend": self.kind}
+            with tracing.span(f"store {op}", attributes):
+                return await self._timed(op, work, timed=timed)
+        return await self._timed(op, work, timed=timed)
+
+    async def _timed(self, op: str, work: Awaitable[_T], *, timed: bool) -> _T:
         started = self._monotonic()
         try:
             result = await work

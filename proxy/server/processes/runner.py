@@ -38,13 +38,14 @@ from types import FrameType
 
 import uvicorn
 from openai_harmony import HarmonyEncoding
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from proxy.config import Settings
+from proxy.metrics_genai import exposition
 from proxy.server import asgi
 from proxy.server.app import create_app
 from proxy.server.deps import ServerState
@@ -155,7 +156,8 @@ def metrics_app(registry: CollectorRegistry) -> Starlette:
     """`GET /metrics` alone, for `metrics_port`."""
 
     async def metrics(request: Request) -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        text, content_type = exposition(registry, request.headers.get("accept", ""))
+        return Response(text, media_type=content_type)
 
     return Starlette(routes=[Route("/metrics", metrics, methods=["GET"])])
 

@@ -294,6 +294,8 @@ class RenderPool:
         if not self._started or self._closing:
             raise RuntimeError("the render pool is not running (start it in the lifespan)")
         self._spawn()
+        if self._options.traces is not None:  # the worker's span joins the request's trace
+            payload = wire.traced_payload(payload)
         worker = await self._acquire()
         # The exchange with the worker runs in its own task: a caller that is cancelled (its
         # client left) must not leave a reply in the pipe for the next request to read.

@@ -11,6 +11,7 @@ payload:
     parent → worker   pickle(RenderOptions)                first frame, once: the options every
                                                          render takes (keys stay off argv)
                       orjson of the parsed request body (the dict `prepare` was given)
+                      b"\x00" + traceparent (55 bytes) + the same, with traces on
     worker → parent   b"R"                                 ready (sent once, after loading)
                       b"O" + u32 n + pickle(light) + ids   a PreparedRequest (`encode_prepared`)
                       b"E" + orjson {status,message,param,code}   the ClientError it raised
@@ -33,6 +34,7 @@ pipe at start, so a stray write to stdout cannot corrupt a frame (it goes to std
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import os
@@ -41,6 +43,7 @@ import signal
 import struct
 import sys
 from array import array
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -50,6 +53,7 @@ from proxy.errors import ClientError
 from proxy.harmony.reasoning_seal import ReasoningKeys
 from proxy.harmony.request.prefix import PrefixCache
 from proxy.harmony.request.prepare import PreparedRequest, prepare_request
+from proxy.tracing import TraceConfig, Tracing, start_tracing
 
 HEADER = struct.Struct(">I")
 READY = b"R"
@@ -57,6 +61,10 @@ PREPARED = b"O"
 CLIENT_ERROR = b"E"
 FAILURE = b"X"
 PANICKED = b"P"
+#: A request frame that starts with this byte carries the request's W3C traceparent (55 bytes)
+#: before the body (a JSON body never starts with it).
+TRACED = b"\x00"
+TRACEPARENT_BYTES = 55
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -69,6 +77,8 @@ class RenderOptions:
     reasoning_keys: ReasoningKeys | None = None
     #: The model's context: prompt + `max_output_tokens` above it is a 400 or truncated.
     max_prompt_tokens: int | None = None
+    #: Traces on: the worker exports a span per render under the request's (its own SDK).
+    traces: TraceConfig | None = None
 
     def render(self, body: Any, encoding: Any, prefixes: PrefixCache | None) -> PreparedRequest:
         return prepare_request(
@@ -190,21 +200,52 @@ def serve(vocab_dir: Path, inbound: BinaryIO, outbound: BinaryIO) -> None:
     options = RenderOptions.decode(first)
     encoding = vocab.load_encoding(vocab_dir)
     prefixes = PrefixCache(encoding)
+    tracing = None if options.traces is None else start_tracing(options.traces)
     gc.freeze()  # start-up's objects live as long as the process: no GC pass walks them
     _write(outbound, READY)
-    while True:
-        header = _read_exact(inbound, HEADER.size)
-        if header is None:
-            return
-        raw = _read_exact(inbound, HEADER.unpack(header)[0])
-        if raw is None:
-            return
-        try:
-            reply = handle(raw, encoding, prefixes, options)
-        except Panicked as panic:
-            _write(outbound, panic.reply)
-            return
-        _write(outbound, reply)
+    try:
+        while True:
+            header = _read_exact(inbound, HEADER.size)
+            if header is None:
+                return
+            raw = _read_exact(inbound, HEADER.unpack(header)[0])
+            if raw is None:
+                return
+            try:
+                with _span(tracing, raw) as raw:
+                    reply = handle(raw, encoding, prefixes, options)
+            except Panicked as panic:
+                _write(outbound, panic.reply)
+                return
+            _write(outbound, reply)
+    finally:
+        if tracing is not None:
+            tracing.shutdown()
+
+
+@contextlib.contextmanager
+def _span(tracing: Tracing | None, raw: bytes) -> Iterator[bytes]:
+    """The body of a request frame, under a span continuing its traceparent when it has one."""
+    if raw[:1] != TRACED:
+        yield raw
+        return
+    parent, body = raw[1 : 1 + TRACEPARENT_BYTES], raw[1 + TRACEPARENT_BYTES :]
+    if tracing is None:
+        yield body
+        return
+    context = tracing.extract([(b"traceparent", parent)])
+    with tracing.tracer.start_as_current_span("render worker", context):
+        yield body
+
+
+def traced_payload(payload: bytes) -> bytes:
+    """`payload` with the current span's traceparent before it (`TRACED`), when there is one."""
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier)
+    parent = carrier.get("traceparent", "").encode()
+    return TRACED + parent + payload if len(parent) == TRACEPARENT_BYTES else payload
 
 
 def main(argv: list[str]) -> int:

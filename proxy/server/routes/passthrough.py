@@ -44,6 +44,7 @@ async def forward(
         body=body,
         path_prefix_strip=strip,
         state=services.state,
+        tracing=services.deps.tracing,
     )
 
 

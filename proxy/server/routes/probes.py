@@ -9,11 +9,11 @@ GET /metrics   the proxy's Prometheus metrics (with worker processes: all of the
 
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from proxy.errors import UpstreamError
+from proxy.metrics_genai import exposition
 from proxy.server.routes.answers import services_of
 
 
@@ -60,5 +60,8 @@ async def readyz(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
-    registry = services_of(request).registry
-    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    """Prometheus' text format, or OpenMetrics (with exemplars) when the scraper asks for it."""
+    text, content_type = exposition(
+        services_of(request).registry, request.headers.get("accept", "")
+    )
+    return Response(text, media_type=content_type)

@@ -19,7 +19,7 @@ stateful/background.py, which runs it with no client.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -27,6 +27,7 @@ from starlette.types import Scope, Send
 
 from proxy.errors import ClientError, ProxyError, UnavailableError, UpstreamError
 from proxy.harmony.constraint import OutputConstraint
+from proxy.harmony.request.prepare import PreparedRequest
 from proxy.metrics import CLIENT_TIMEOUT
 from proxy.server import asgi
 from proxy.server.compaction import compacting
@@ -40,6 +41,7 @@ from proxy.server.stateful.background import answer_background
 from proxy.server.stateful.recording import recorder
 from proxy.server.stateful.scope import refuse_without_store, scope_of
 from proxy.server.stateful.state import Context
+from proxy.tracing import maybe_span
 from proxy.upstream.probe import Capability
 
 
@@ -63,6 +65,8 @@ async def serve_repaired(
     model = str(body.get("model"))
     id_header = [(b"x-request-id", request_id.encode())]
     scope_key = scope_of(scope["headers"], settings.store_scope_header)
+    if deps.tracing is not None:
+        deps.tracing.genai_request(body, request_id)
     try:
         admitted = await admit(
             services,
@@ -187,17 +191,21 @@ async def admit(
     context: Context | None = None
     # A body may ask to be compacted first (server/compaction.py); a client gone during that
     # pass (`inbound`) cancels it: `asgi.ClientDisconnected`.
+    render: Callable[[dict[str, Any]], Awaitable[PreparedRequest]] = deps.renderer.prepare
+    if deps.tracing is not None:
+        render = deps.tracing.traced("render", render)
     body, render = compacting(
-        deps, body, deps.renderer.prepare, request_id, started, asgi.header_pairs(scope), inbound
+        deps, body, render, request_id, started, asgi.header_pairs(scope), inbound
     )
     try:
-        if stateful is not None:
-            prepared, context = await until_drained(
-                state, stateful.prepare(body, scope_key, render)
-            )
-        else:
-            refuse_without_store(body)
-            prepared = await until_drained(state, render(body))
+        with maybe_span(deps.tracing, "prepare"):  # stored history read, then rendered
+            if stateful is not None:
+                prepared, context = await until_drained(
+                    state, stateful.prepare(body, scope_key, render)
+                )
+            else:
+                refuse_without_store(body)
+                prepared = await until_drained(state, render(body))
     finally:
         if on_prepared is not None:
             on_prepared()

@@ -37,6 +37,7 @@ from proxy.server.stateful.follow import follow
 from proxy.server.stateful.recording import recorder
 from proxy.server.stateful.state import Context, Stateful
 from proxy.store import CANCEL, Create, StoreError
+from proxy.tracing import OPERATION, request_attributes
 
 #: Seconds between looks at the running entries' signals (missed pub/sub, poller gaps).
 CHECK_PERIOD = 5.0
@@ -81,12 +82,22 @@ class Background:
         await stateful.guard(stateful.store.apply([create]))
         exchange.recorder = recorder(stateful, key, scope, context, created=True)
         run = _Run(exchange, scope)
-        run.task = asyncio.create_task(self._run(run))
+        run.task = asyncio.create_task(
+            self._run(run) if deps.tracing is None else self._traced(run)
+        )
         self.runs[key] = run
         deps.metrics.background.set(len(self.runs))
         if self._listener is None or self._listener.done():
             self._listener = asyncio.create_task(self._listen())
         return queued
+
+    async def _traced(self, run: _Run) -> None:
+        """`_run` under a span of its own, linked to the request's that started it."""
+        tracing, ctx = self._deps.tracing, run.exchange.ctx
+        assert tracing is not None
+        attributes = request_attributes({"model": ctx.model}, run.exchange.request_id)
+        with tracing.linked(f"{OPERATION} {ctx.model}", {**attributes, "proxy.background": True}):
+            await self._run(run)
 
     async def _run(self, run: _Run) -> None:
         deps, exchange = self._deps, run.exchange

@@ -48,6 +48,7 @@ from proxy.metrics import Metrics
 from proxy.store import Append, Entry, Lease, Op, Store, StoreError, Update
 from proxy.store.measured import Measured
 from proxy.store.writer import StoreWriter
+from proxy.tracing import Tracing
 
 #: Seconds between lease renewals of running responses, and how long a lease lasts.
 HEARTBEAT = 5.0
@@ -105,8 +106,10 @@ class Stateful:
         ids: IdFactory,
         clock: Callable[[], float],
         logger: logging.Logger,
+        tracing: Tracing | None = None,
     ) -> None:
         self.settings = settings
+        self._tracing = tracing
         self.metrics = metrics
         self.ids = ids
         self.clock = clock
@@ -133,7 +136,7 @@ class Stateful:
 
     def start(self, store: Store) -> None:
         """Take `store` (measured; the lifespan opened it) and start the writer and chores."""
-        self._store = Measured(store, self.metrics)
+        self._store = Measured(store, self.metrics, tracing=self._tracing)
         self._writer = StoreWriter(self._store, self._write_failed)
         self.writer.start()
         self._tasks = [
