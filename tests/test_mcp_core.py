@@ -6,9 +6,20 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from openai_harmony import (
+    Author,
+    Conversation,
+    DeveloperContent,
+    HarmonyEncoding,
+    Message,
+    Role,
+    ToolDescription,
+    ToolNamespaceConfig,
+)
 
 from proxy.errors import ClientError
 from proxy.harmony.mcp import carry, declare, items
+from proxy.simulator.model import EACH_TOOL, ScriptedModel
 from tests.openapi import assert_events_match_spec, assert_matches_spec
 
 LISTED = [
@@ -149,3 +160,31 @@ def test_carried_items_are_read_out_of_the_input() -> None:
         carry.carry([{**answer, "approval_request_id": "mcpr_x"}])
     assert refused.value.param == "input[0].approval_request_id"
     assert carry.carry("hello").items == "hello"
+
+
+def test_the_scripted_model_calls_a_namespaced_tool_and_each_in_turn(
+    encoding: HarmonyEncoding,
+) -> None:
+    schema = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+    tools = [ToolDescription.new(name, "", schema) for name in ("echo", "add")]
+    developer = DeveloperContent.new().with_tools(
+        ToolNamespaceConfig(name="srv", description="S", tools=tools)
+    )
+
+    def called(*answers: str) -> str | None:
+        messages = [
+            Message.from_role_and_content(Role.DEVELOPER, developer),
+            Message.from_role_and_content(Role.USER, f"hi {EACH_TOOL}"),
+        ]
+        for name in answers:
+            author = Author.new(Role.TOOL, f"srv.{name}")
+            answer = Message.from_author_and_content(author, "ok")
+            messages.append(answer.with_recipient("assistant").with_channel("commentary"))
+        ids = encoding.render_conversation_for_completion(
+            Conversation.from_messages(messages), Role.ASSISTANT
+        )
+        return ScriptedModel(encoding).complete(ids).messages[-1][1]
+
+    assert called() == "srv.echo"
+    assert called("echo") == "srv.add"
+    assert called("echo", "add") is None

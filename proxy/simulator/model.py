@@ -10,8 +10,10 @@ reads the prompt (`prompt.py`) and writes, as token ids:
     then one of
     <|start|>assistant<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>
         {args}<|call|>
-        when functions are declared and no `functions.*` answer follows the last user turn
-        (NAME is the first declared function; args fill its required parameters)
+        when functions are declared and no tool answer follows the last user turn
+        (NAME is the first declared function, `NS.NAME` for another namespace; args fill its
+        required parameters); with `[each tool]` in the user message, each declared function
+        in turn until all have answered
     <|start|>assistant<|channel|>final<|message|>{answer}<|return|>
         otherwise: an answer quoting the last user message, or using the tool's answer
 
@@ -58,6 +60,9 @@ from proxy.simulator.prompt import Function, Prompt, read_prompt
 Piece = str | int  # text, or a special token id
 
 _QUOTE_CHARS: Final = 160
+#: In the last user message: call every declared function in turn, one per completion, before
+#: the answer (a multi-call tool loop), instead of the first one only.
+EACH_TOOL: Final = "[each tool]"
 
 FILLER: Final = (
     "Let me think this through step by step.",
@@ -260,6 +265,10 @@ class _Message:
 
 def _plan(prompt: Prompt, preamble: bool) -> list[_Message]:
     question = _quote(prompt.user_text) or "(nothing)"
+    if EACH_TOOL in prompt.user_text:
+        waiting = [f for f in prompt.functions if f.recipient not in prompt.answered]
+        if waiting and prompt.tool_name is not None:
+            return _call(waiting[0], prompt, question, preamble)
     if prompt.tool_name is not None:
         answer = _quote(prompt.tool_output or "") or "(nothing)"
         name = prompt.tool_name
@@ -269,13 +278,7 @@ def _plan(prompt: Prompt, preamble: bool) -> list[_Message]:
             _Message("final", f"Here is what {name} says: “{answer}” ✅ Hope that helps! 🎉"),
         ]
     if prompt.functions:
-        function = prompt.functions[0]
-        arguments = orjson.dumps(_arguments(function, prompt.user_text)).decode()
-        return [
-            _Message("analysis", f"The user asks: “{question}”. I should call {function.name}."),
-            *_preamble(preamble, "Let me look that up for you… ⏳"),
-            _Message("commentary", arguments, recipient=f"functions.{function.name}"),
-        ]
+        return _call(prompt.functions[0], prompt, question, preamble)
     return [
         _Message(
             "analysis",
@@ -284,6 +287,15 @@ def _plan(prompt: Prompt, preamble: bool) -> list[_Message]:
         ),
         *_preamble(preamble, "Let me think about that for a moment… ⏳"),
         _Message("final", f"You asked: “{question}”. Here is my answer: ¡hola! 你好 🎉 ✅"),
+    ]
+
+
+def _call(function: Function, prompt: Prompt, question: str, preamble: bool) -> list[_Message]:
+    arguments = orjson.dumps(_arguments(function, prompt.user_text)).decode()
+    return [
+        _Message("analysis", f"The user asks: “{question}”. I should call {function.name}."),
+        *_preamble(preamble, "Let me look that up for you… ⏳"),
+        _Message("commentary", arguments, recipient=function.recipient),
     ]
 
 
@@ -298,7 +310,7 @@ def _plans(
         yield [
             _Message("analysis", f"The user asks: “{question}”. I should call {function.name}."),
             *_preamble(preamble, "Let me look that up for you… ⏳"),
-            _Message("commentary", arguments, recipient=f"functions.{function.name}"),
+            _Message("commentary", arguments, recipient=function.recipient),
         ]
     yield _plan(Prompt(prompt.user_text, (), prompt.tool_name, prompt.tool_output), preamble)
     schema = None if constraint is None else constraint.json_schema()
