@@ -40,6 +40,11 @@ def build() -> MCPServer:
         await asyncio.sleep(seconds)
         return "slept"
 
+    @server.tool(description="Take 30 seconds to answer.")
+    async def slow() -> str:
+        await asyncio.sleep(30)
+        return "late"
+
     @server.tool(description="Return a large text.")
     def big() -> str:
         return "x" * BIG

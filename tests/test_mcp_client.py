@@ -26,7 +26,7 @@ def test_lists_and_calls_over_both_transports(transport: str) -> None:
     with mcp_server(transport) as endpoint:
         tools = asyncio.run(list_server_tools(endpoint, None, LIMITS))
         names = {tool["name"] for tool in tools}
-        assert names == {"echo", "add", "fail", "sleep", "big"}
+        assert names == {"echo", "add", "fail", "sleep", "slow", "big"}
         echo = next(tool for tool in tools if tool["name"] == "echo")
         assert echo["description"] == "Echo the text back."
         assert echo["input_schema"]["properties"]["text"]["type"] == "string"

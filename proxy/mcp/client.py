@@ -38,10 +38,12 @@ class Limits:
 
 @dataclass(frozen=True, slots=True)
 class CallOutcome:
-    """A call's `output` text, or its `error` (exactly one is set)."""
+    """A call's `output` text, or its `error` (exactly one is set); `tool_error`: the tool
+    answered with an error (else the server was not reached or did not answer in time)."""
 
     output: str | None
     error: str | None
+    tool_error: bool = False
 
 
 @contextlib.asynccontextmanager
@@ -122,7 +124,7 @@ async def call_tool(
         return CallOutcome(None, f"the MCP tool call failed ({_kind(exc)})")
     text = _cap(result_text(result), limits.result_cap)
     if result.is_error:
-        return CallOutcome(None, text or "the MCP tool reported an error")
+        return CallOutcome(None, text or "the MCP tool reported an error", tool_error=True)
     return CallOutcome(text, None)
 
 

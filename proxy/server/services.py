@@ -26,6 +26,7 @@ from proxy.harmony.stream.parser import TokenTable
 from proxy.logs import get_logger
 from proxy.metrics import Metrics
 from proxy.server.deps import RepairDeps, ServerState
+from proxy.server.hosted.tools import Hosted
 from proxy.server.http.budget import BodyBudget
 from proxy.server.rendering.pool import Renderer, default_renderer
 from proxy.server.rendering.worker import RenderOptions
@@ -75,6 +76,8 @@ class Services:
     background: Background | None = None
     #: A store given by the caller; None: the lifespan opens the one `store_url` names.
     store: Store | None = None
+    #: Hosted MCP tools: the policy, tool-list cache, limits and metrics (server/hosted/).
+    hosted: Hosted | None = None
 
     @property
     def settings(self) -> Settings:
@@ -163,6 +166,7 @@ def build_services(
         stateful=stateful,
         background=None if stateful is None else Background(deps, stateful),
         store=store,
+        hosted=Hosted.from_settings(settings, registry, ids, deps.monotonic),
     )
 
 

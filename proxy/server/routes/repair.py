@@ -30,6 +30,7 @@ from proxy.metrics import CLIENT_TIMEOUT
 from proxy.server import asgi
 from proxy.server.deps import until_drained
 from proxy.server.exchange import Exchange
+from proxy.server.hosted.hosting import Hosting
 from proxy.server.outcome import outcome_of, report
 from proxy.server.routes.answers import refuse
 from proxy.server.services import Services
@@ -63,15 +64,16 @@ async def serve_repaired(
     outcome = "client_error"
     scope_key = scope_of(scope["headers"], settings.store_scope_header)
     context: Context | None = None
+    hosting = Hosting(services.hosted, deps.renderer)
     try:
         try:
             if stateful is not None:
                 prepared, context = await until_drained(
-                    state, stateful.prepare(body, scope_key, deps.renderer.prepare)
+                    state, stateful.prepare(body, scope_key, hosting.render)
                 )
             else:
                 refuse_without_store(body)
-                prepared = await until_drained(state, deps.renderer.prepare(body))
+                prepared = await until_drained(state, hosting.render(body))
         finally:
             if on_prepared is not None:
                 on_prepared()
@@ -153,7 +155,10 @@ async def serve_repaired(
     try:
         try:
             timed_send = asgi.with_send_timeout(send, settings.send_timeout)
-            work = exchange.stream(timed_send) if stream else exchange.answer(timed_send)
+            if hosting.plan is not None:
+                work = hosting.answer(exchange, timed_send, stream=stream)
+            else:
+                work = exchange.stream(timed_send) if stream else exchange.answer(timed_send)
             disconnected = await asgi.run_until_disconnect(inbound, work)
         except ProxyError as error:  # before the first byte: an HTTP error
             # A `stream: false` answer whose upstream broke mid-way was counted by `_fail`
