@@ -3,11 +3,15 @@ front of the simulator, with real MCP servers (the official SDK's) beside it."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
+import agents
+import httpx
 import openai
 import pytest
+from openai import AsyncOpenAI
 from openai_harmony import HarmonyEncoding
 
 from proxy.simulator.model import EACH_TOOL
@@ -206,3 +210,82 @@ def test_private_addresses_are_refused_unless_allowed(
                 model=MODEL, input="x", tools=[mcp(server_url)], store=False
             )
         assert refused.value.code == "mcp_server_private_address"
+
+
+def test_agents_sdk_hosted_mcp_tool_with_approval(live: Stack, server_url: str) -> None:
+    agents.set_tracing_disabled(True)
+    asked: list[str] = []
+
+    def approve(request: Any) -> Any:
+        asked.append(request.data.name)
+        return {"approve": True}
+
+    async def run() -> Any:
+        client = AsyncOpenAI(base_url=live.base_url, api_key="key-agents")
+        try:
+            agent = agents.Agent(
+                name="hosted",
+                instructions="Use the tools.",
+                tools=[
+                    agents.HostedMCPTool(
+                        tool_config={
+                            "type": "mcp",
+                            "server_label": "tools",
+                            "server_url": server_url,
+                            "allowed_tools": ["echo"],
+                            "require_approval": "always",
+                        },
+                        on_approval_request=approve,
+                    )
+                ],
+                model=agents.OpenAIResponsesModel(model=MODEL, openai_client=client),
+            )
+            return await agents.Runner.run(agent, "from the agent")
+        finally:
+            await client.close()
+
+    result = asyncio.run(run())
+    assert asked == ["echo"]
+    assert "echo: from the agent" in result.final_output
+    kinds = [item.type for item in result.new_items]
+    assert "mcp_approval_request_item" in kinds
+    assert "mcp_approval_response_item" in kinds
+
+
+def test_streamed_approval_request_ends_the_stream(live: Stack, server_url: str) -> None:
+    client = live.client()
+    tool = mcp(server_url, allowed_tools=["echo"], require_approval="always")
+    events = dumped(client.responses.create(model=MODEL, input="s", tools=[tool], stream=True))
+    assert_events_match_spec(events)
+    final = events[-1]
+    assert final["type"] == "response.completed"
+    assert final["response"]["output"][-1]["type"] == "mcp_approval_request"
+
+
+def test_sse_transport_and_metrics(encoding: HarmonyEncoding) -> None:
+    with (
+        mcp_server("sse") as url,
+        stack(
+            encoding,
+            None,
+            mcp_allowed_servers=("127.0.0.1",),
+            mcp_allow_private_addresses=True,
+        ) as running,
+    ):
+        client = running.client()
+        response = client.responses.create(
+            model=MODEL,
+            input="over sse",
+            tools=[mcp(url, allowed_tools=["echo"])],
+            store=False,
+        )
+        call = next(item for item in response.output if item.type == "mcp_call")
+        assert call.output == "echo: over sse"
+        again = client.responses.create(
+            model=MODEL, input="again", tools=[mcp(url, allowed_tools=["echo"])], store=False
+        )
+        assert "mcp_call" in types_of(again)
+        metrics = httpx.get(running.proxy.url + "/metrics").text
+        assert 'proxy_mcp_calls_total{outcome="ok",server_label="tools"} 2.0' in metrics
+        assert 'proxy_mcp_list_tools_total{outcome="cached",server_label="tools"} 1.0' in metrics
+        assert 'proxy_mcp_call_seconds_count{server_label="tools"} 2.0' in metrics
