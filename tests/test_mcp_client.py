@@ -4,12 +4,15 @@ bound, the result cap, headers to the server only, the policy and the cache."""
 from __future__ import annotations
 
 import asyncio
+import runpy
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from proxy.mcp import Limits, McpFailure, Policy, Refused, ToolCache, call_tool, credential_key
 from proxy.mcp import list_tools as list_server_tools
+from tests.live import LiveServer
 from tests.mcp_servers import BIG, SEEN_AUTH, mcp_server
 
 LIMITS = Limits(timeout=5.0, result_cap=1000)
@@ -154,3 +157,15 @@ def test_cache_keys_by_url_and_credential_and_expires() -> None:
     off = ToolCache(ttl=0, entries=5, clock=lambda: 0.0)
     off.put(alice, [])
     assert off.get(alice) is None
+
+
+def test_the_compose_demo_server_lists_and_answers() -> None:
+    script = Path(__file__).parent.parent / "deploy" / "compose" / "mcp" / "demo_server.py"
+    demo = runpy.run_path(str(script))["server"]
+    with LiveServer(demo.streamable_http_app(host="0.0.0.0")) as live:
+        endpoint = live.url + "/mcp"
+        tools = asyncio.run(list_server_tools(endpoint, None, LIMITS))
+        assert {tool["name"] for tool in tools} == {"echo", "utc_now"}
+        outcome = asyncio.run(call_tool(endpoint, None, "utc_now", {}, LIMITS))
+        assert outcome.output is not None
+        assert outcome.output.endswith("+00:00")
