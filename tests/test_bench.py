@@ -319,3 +319,10 @@ def test_profile_proxy_times_the_gc_with_the_store_on_and_off() -> None:
     for name in ("store on", "store off"):
         assert int(table[f"{name}, generation 0"][0]) >= 0, output
     assert "objects tracked at exit" in output
+
+
+def test_mcp_roundtrip_measures_every_case() -> None:
+    table = rows(bench("mcp_roundtrip.py", "--repeats", "2", "--tokens", "20"))
+    for case in ("plain", "client loop", "hosted, list cached", "hosted, list each time"):
+        assert float(table[case][0]) > 0, case
+    assert float(table["mcp call alone"][0]) > 0

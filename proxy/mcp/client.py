@@ -9,6 +9,8 @@ result is cut to the size cap.
 from __future__ import annotations
 
 import contextlib
+import functools
+import ssl
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +48,23 @@ class CallOutcome:
     tool_error: bool = False
 
 
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """The TLS context of every MCP client, made once: a client that makes its own spends
+    ~20 ms of CPU loading the CA bundle, on every MCP session (bench/mcp_roundtrip.py)."""
+    return httpx2.create_ssl_context()
+
+
+def _client(
+    headers: dict[str, str] | None = None,
+    timeout: httpx2.Timeout | None = None,
+    auth: httpx2.Auth | None = None,
+) -> httpx2.AsyncClient:
+    """An HTTP client for one MCP session (the SDK's client factory's signature); redirects are
+    left to the SDK, which follows them within the server's origin only."""
+    return httpx2.AsyncClient(headers=headers, timeout=timeout, auth=auth, verify=_tls())
+
+
 @contextlib.asynccontextmanager
 async def _session(
     url: str, headers: Mapping[str, str] | None, limits: Limits
@@ -54,11 +73,14 @@ async def _session(
     timeout = httpx2.Timeout(limits.timeout)
     if urlsplit(url).path.rstrip("/").endswith("/sse"):
         transport = sse_client(
-            url, headers=plain, timeout=limits.timeout, sse_read_timeout=limits.timeout
+            url,
+            headers=plain,
+            timeout=limits.timeout,
+            sse_read_timeout=limits.timeout,
+            httpx_client_factory=_client,
         )
     else:
-        client = httpx2.AsyncClient(headers=plain, timeout=timeout)
-        transport = _owned(client, url)
+        transport = _owned(_client(plain, timeout), url)
     async with transport as streams:
         read, write = streams[0], streams[1]
         async with ClientSession(read, write, read_timeout_seconds=limits.timeout) as session:
