@@ -4,6 +4,7 @@ bound, the result cap, headers to the server only, the policy and the cache."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import runpy
 from collections.abc import Iterator
 from pathlib import Path
@@ -169,3 +170,12 @@ def test_the_compose_demo_server_lists_and_answers() -> None:
         outcome = asyncio.run(call_tool(endpoint, None, "utc_now", {}, LIMITS))
         assert outcome.output is not None
         assert outcome.output.endswith("+00:00")
+
+
+def test_the_sdk_logs_nothing(url: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    headers = {"Authorization": "Bearer s3cret-token"}
+    asyncio.run(call_tool(url, headers, "echo", {"text": "a"}, LIMITS))
+    asyncio.run(call_tool("http://127.0.0.1:9/mcp?key=s3cret", headers, "echo", {}, LIMITS))
+    leaked = [r for r in caplog.records if r.name.split(".")[0] in {"mcp", "httpx2", "httpcore2"}]
+    assert leaked == []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -23,6 +24,15 @@ import orjson
 from mcp.client.session import ClientSession
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
+
+# The SDK's and its HTTP client's own log lines quote server URLs and exceptions' texts, which
+# may hold a client's credential (a token in a query string, a header echoed in an error): the
+# proxy logs what it decides itself (logs.py), and none of theirs.
+for _name in ("mcp", "mcp_types", "httpx2", "httpcore2"):
+    _quiet = logging.getLogger(_name)
+    _quiet.handlers = [logging.NullHandler()]
+    _quiet.propagate = False
+    _quiet.setLevel(logging.CRITICAL + 1)
 
 
 class McpFailure(Exception):
