@@ -18,7 +18,7 @@ from proxy.simulator.model import EACH_TOOL
 from proxy.store.memory import MemoryStore
 from tests.mcp_servers import SEEN_AUTH, mcp_server
 from tests.openapi import assert_events_match_spec, assert_response_matches_spec
-from tests.stateful_support import MODEL, Stack, dumped, stack
+from tests.stateful_support import MODEL, Stack, dumped, stack, until
 
 
 @pytest.fixture(scope="module")
@@ -289,3 +289,32 @@ def test_sse_transport_and_metrics(encoding: HarmonyEncoding) -> None:
         assert 'proxy_mcp_calls_total{outcome="ok",server_label="tools"} 2.0' in metrics
         assert 'proxy_mcp_list_tools_total{outcome="cached",server_label="tools"} 1.0' in metrics
         assert 'proxy_mcp_call_seconds_count{server_label="tools"} 2.0' in metrics
+
+
+def test_a_client_gone_mid_call_leaves_a_cancelled_stored_response(
+    live: Stack, server_url: str
+) -> None:
+    client = live.client()
+    tool = mcp(server_url, allowed_tools=["slow"])
+    stream = client.responses.create(
+        model=MODEL, input="then leave", tools=[tool], store=True, stream=True
+    )
+    key = None
+    for event in stream:
+        if event.type == "response.created":
+            key = event.response.id
+        if event.type == "response.mcp_call.in_progress":
+            break
+    stream.close()
+    assert key is not None
+
+    def status() -> str | None:
+        try:
+            return str(client.responses.retrieve(key).status)
+        except openai.NotFoundError:
+            return None
+
+    until(lambda: status() == "cancelled", timeout=5)
+    stored = client.responses.retrieve(key)
+    assert types_of(stored) == ["mcp_list_tools", "reasoning", "mcp_call"]
+    assert stored.output[-1].status == "incomplete"  # cut while it ran

@@ -222,8 +222,12 @@ class Loop:
         base = self.last["response"] if self.last is not None else self.head
         if base is None:
             return []
-        response = {**base, **_kept_from(self.head), "output": list(self.output)}
-        response["status"] = "cancelled"
+        # An item cut while it ran (an MCP call in flight) ends incomplete, as the core's do.
+        output = [
+            {**item, "status": "incomplete"} if item.get("status") == "in_progress" else item
+            for item in self.output
+        ]
+        response = {**base, **_kept_from(self.head), "output": output, "status": "cancelled"}
         event: Event = {"type": "response.failed", "response": response}
         event["sequence_number"] = self.sequence
         self.sequence += 1
