@@ -318,3 +318,29 @@ def test_a_client_gone_mid_call_leaves_a_cancelled_stored_response(
     stored = client.responses.retrieve(key)
     assert types_of(stored) == ["mcp_list_tools", "reasoning", "mcp_call"]
     assert stored.output[-1].status == "incomplete"  # cut while it ran
+
+
+def test_keepalives_flow_while_a_call_runs_and_background_is_refused(
+    live: Stack, server_url: str
+) -> None:
+    body = {
+        "model": MODEL,
+        "input": "slow one",
+        "stream": True,
+        "store": False,
+        "tools": [mcp(server_url, allowed_tools=["slow"])],
+    }
+    with httpx.stream("POST", live.base_url + "/responses", json=body, timeout=30) as answer:
+        text = "".join(answer.iter_text())
+    call_part = text[
+        text.index("response.mcp_call_arguments.done") : text.index("response.mcp_call.failed")
+    ]
+    assert ": keepalive" in call_part  # the 2 s call, keepalives every 0.5 s
+    assert text.count("event: response.completed") == 1
+    client = live.client()
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(
+            model=MODEL, input="x", tools=[mcp(server_url)], background=True, store=True
+        )
+    assert refused.value.code == "unsupported_value"
+    assert refused.value.param == "background"

@@ -108,6 +108,9 @@ class Loop:
         batches = exchange.batches()
         async with contextlib.aclosing(batches):
             async for batch in batches:
+                if not batch:  # time for a keepalive (`Exchange.batches`)
+                    await emit([])
+                    continue
                 out: list[Event] = []
                 for event in batch:
                     kind = event["type"]
