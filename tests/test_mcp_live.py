@@ -344,3 +344,27 @@ def test_keepalives_flow_while_a_call_runs_and_background_is_refused(
         )
     assert refused.value.code == "unsupported_value"
     assert refused.value.param == "background"
+
+
+def test_an_mcp_tool_choice_forces_that_tool_once(live: Stack, server_url: str) -> None:
+    client = live.client()
+    choice = {"type": "mcp", "server_label": "tools", "name": "add"}
+    response = client.responses.create(
+        model=MODEL,
+        input="add them",
+        tools=[mcp(server_url, allowed_tools=["echo", "add"])],
+        tool_choice=choice,  # type: ignore[arg-type]
+    )
+    calls = [item for item in response.output if item.type == "mcp_call"]
+    assert [call.name for call in calls] == ["add"]
+    assert types_of(response)[-1] == "message"
+    assert response.tool_choice.model_dump(exclude_none=True) == choice  # type: ignore[union-attr]
+    assert_response_matches_spec(response.model_dump(mode="json", exclude_unset=True))
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(
+            model=MODEL,
+            input="x",
+            tools=[mcp(server_url)],
+            tool_choice={"type": "mcp", "server_label": "other", "name": "add"},
+        )
+    assert refused.value.param == "tool_choice.server_label"

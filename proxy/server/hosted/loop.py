@@ -88,6 +88,8 @@ class Loop:
                 return
             history = [*self._as_list(body.get("input")), *kept, *items.as_input(result)]
             body = {**body, "input": history}
+            if self.plan.tool_choice is not None:
+                body["tool_choice"] = "auto"  # the forced call was made
             try:
                 exchange = self.make(await self.render(body))
             except ProxyError as error:
@@ -241,6 +243,8 @@ class Loop:
         if self.tools_echo is None:
             self.tools_echo = self.plan.tools_echo(list(response.get("tools") or []))
         response["tools"] = self.tools_echo
+        if self.plan.tool_choice is not None:
+            response["tool_choice"] = self.plan.tool_choice
         if self.head is None:
             self.head = response
         return {**event, "response": response}
@@ -267,7 +271,15 @@ class Loop:
 
 #: What the final response keeps of the first pass's: its identity, the request's echo as the
 #: stored chain saw it, and the tools as declared.
-_HEAD_KEYS = ("id", "created_at", "previous_response_id", "background", "conversation", "tools")
+_HEAD_KEYS = (
+    "id",
+    "created_at",
+    "previous_response_id",
+    "background",
+    "conversation",
+    "tools",
+    "tool_choice",
+)
 
 
 def _kept_from(head: dict[str, Any] | None) -> dict[str, Any]:

@@ -30,6 +30,9 @@ class Plan:
     listed: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     opening: list[dict[str, Any]] = field(default_factory=list)
     echoes: list[dict[str, Any] | None] = field(default_factory=list)
+    #: An `mcp` tool_choice as given (the renderer got it as a function choice in the server's
+    #: namespace); it binds the first pass only.
+    tool_choice: dict[str, Any] | None = None
 
     def tools_echo(self, rendered: list[Any]) -> list[Any]:
         """The response's `tools`: the declared order, `mcp` tools without credentials."""
@@ -126,4 +129,26 @@ async def plan(hosted: Hosted, body: dict[str, Any]) -> Plan:
     result.body = {**body, "input": given}
     if "tools" in body:
         result.body["tools"] = rendered
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict) and choice.get("type") == "mcp":
+        result.tool_choice = choice
+        result.body["tool_choice"] = _as_function_choice(choice, result.servers)
     return result
+
+
+def _as_function_choice(choice: dict[str, Any], servers: dict[str, Server]) -> dict[str, Any]:
+    """`{"type": "mcp", "server_label", "name"}` as the function choice the renderer knows."""
+    label, name = choice.get("server_label"), choice.get("name")
+    if label not in servers:
+        raise ClientError(
+            f"'tool_choice.server_label' names {label!r}, which no 'mcp' tool declares",
+            param="tool_choice.server_label",
+            code="invalid_value",
+        )
+    if not isinstance(name, str):
+        raise ClientError(
+            "an 'mcp' tool_choice needs the 'name' of the tool to call behind this proxy",
+            param="tool_choice.name",
+            code="missing_required_parameter",
+        )
+    return {"type": "function", "name": name, "namespace": label}
