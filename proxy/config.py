@@ -236,6 +236,34 @@ class Settings:
         5.0, values.positive_float,
         "seconds a request waits for the store before answering 503 (a foreground stream never "
         "waits longer than this for its last write, and never fails for it)")
+    # Hosted MCP tools (docs/mcp.md): the proxy connects to the servers requests name.
+    mcp_allowed_servers: tuple[str, ...] = setting(
+        (), values.names,
+        "comma-separated MCP server URL prefixes (https://mcp.example.com/api) or host names a "
+        "request's `mcp` tool may name; unset: none (an `mcp` tool is a 400)",
+        example="https://mcp.example.com/")
+    mcp_allow_private_addresses: bool = setting(
+        False, values.boolean,
+        "let an allowed MCP server resolve to loopback, link-local or private addresses (a "
+        "server beside the proxy); off: such a server is a 400, checked after DNS resolution")
+    mcp_call_timeout: float = setting(
+        30.0, values.positive_float,
+        "seconds one MCP operation (connect and list tools, or connect and call a tool) may "
+        "take; past it a call is an mcp_call with an error")
+    mcp_result_max_chars: int = setting(
+        65536, values.positive_int,
+        "characters of an MCP tool's result kept (the rest is cut, with a note)")
+    mcp_list_cache_seconds: float = setting(
+        300.0, values.non_negative_float,
+        "seconds a server's tool list is reused, per server URL and credential (0: list on "
+        "every request)")
+    mcp_max_calls: int = setting(
+        8, values.positive_int,
+        "MCP tool calls one response may run; the response ends after the last one")
+    mcp_loop_timeout: float = setting(
+        300.0, values.positive_float,
+        "seconds one response may spend in MCP tool calls and the generation passes between "
+        "them; no new call starts past it")
     simulator_stream_interval: int = setting(
         20, values.positive_int,
         "built-in simulator: tokens per engine output after the first (trtllm stream_interval)")

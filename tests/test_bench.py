@@ -357,3 +357,10 @@ def test_compaction_cost_compacts_and_shrinks_the_prompt() -> None:
     assert int(compacted[4]) >= 1  # compactions happened
     assert int(compacted[2]) < int(plain[2])  # the last prompt is shorter
     assert int(plain[4]) == 0
+
+
+def test_mcp_roundtrip_measures_every_case() -> None:
+    table = rows(bench("mcp_roundtrip.py", "--repeats", "2", "--tokens", "20"))
+    for case in ("plain", "client loop", "hosted, list cached", "hosted, list each time"):
+        assert float(table[case][0]) > 0, case
+    assert float(table["mcp call alone"][0]) > 0

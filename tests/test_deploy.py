@@ -449,6 +449,7 @@ def test_compose_stack(name: str) -> None:
         "redis",
         "otel-collector",
         "jaeger",
+        "mcp-demo",
     }
     proxy = services["proxy"]
     settings = load_settings(_interpolated(proxy["environment"]))
@@ -485,6 +486,29 @@ def test_compose_sizes_workers_by_the_cpu_limit(name: str, tmp_path: Path) -> No
     (tmp_path / "cpu.max").write_text(f"{int(limit * 100_000)} 100000\n")
     (tmp_path / "self").write_text("0::/\n")
     assert usable_cpus(affinity=64, root=tmp_path, self_cgroup=tmp_path / "self") == int(limit)
+
+
+@pytest.mark.parametrize("name", COMPOSE_FILES)
+def test_compose_mcp_profile_is_off_and_allowed_only_when_named(name: str) -> None:
+    services = _compose(name)["services"]
+    proxy, demo = services["proxy"], services["mcp-demo"]
+    settings = load_settings(_interpolated(proxy["environment"]))
+    assert settings.mcp_allowed_servers == ()
+    assert not settings.mcp_allow_private_addresses
+    assert demo["profiles"] == ["mcp"]
+    assert "8000" in demo["expose"]
+    assert "ports" not in demo, "only the proxy reaches the demo server"
+    documented = load_settings(
+        {
+            "PROXY_MCP_ALLOWED_SERVERS": "http://mcp-demo:8000/mcp",
+            "PROXY_MCP_ALLOW_PRIVATE_ADDRESSES": "true",
+        }
+    )
+    assert documented.mcp_allowed_servers == ("http://mcp-demo:8000/mcp",)
+    assert (
+        "PROXY_MCP_ALLOWED_SERVERS=http://mcp-demo:8000/mcp"
+        in (DEPLOY / "compose" / name).read_text()
+    )
 
 
 @pytest.mark.parametrize("name", COMPOSE_FILES)

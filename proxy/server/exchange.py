@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -171,6 +171,22 @@ class Exchange:
             send, 200, self.snapshot, [(b"x-request-id", self.request_id.encode())]
         )
         self.delivered = True
+
+    async def batches(self) -> AsyncGenerator[list[dict[str, Any]], None]:
+        """The events, batch by batch, for a caller that writes them itself (the hosted-tool
+        loop, server/hosted/): the start, each frame's ([] = time for a keepalive), and the end
+        — a failure's closing events included. An error before upstream answered raises, as
+        in `stream`."""
+        async with self._opened() as frames:
+            self.phase = "before_first_token"
+            yield self.core.start()
+            try:
+                async for events in self._pump(frames, keepalive=True):
+                    yield events
+            except _End as end:
+                yield end.events
+            else:
+                await _release(frames)
 
     # -- the pump ---------------------------------------------------------------------------
 

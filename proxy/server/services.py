@@ -28,6 +28,7 @@ from proxy.metrics import Metrics
 from proxy.metrics_genai import GenAIMetrics
 from proxy.metrics_ws import WebSocketMetrics
 from proxy.server.deps import RepairDeps, ServerState
+from proxy.server.hosted.tools import Hosted
 from proxy.server.http.budget import BodyBudget
 from proxy.server.rendering.pool import Renderer, default_renderer
 from proxy.server.rendering.worker import RenderOptions
@@ -82,6 +83,8 @@ class Services:
     background: Background | None = None
     #: A store given by the caller; None: the lifespan opens the one `store_url` names.
     store: Store | None = None
+    #: Hosted MCP tools: the policy, tool-list cache, limits and metrics (server/hosted/).
+    hosted: Hosted | None = None
 
     @property
     def settings(self) -> Settings:
@@ -182,6 +185,7 @@ def build_services(
         background=None if stateful is None else Background(deps, stateful),
         store=store,
         websocket=WebSocketMetrics(registry),
+        hosted=Hosted.from_settings(settings, registry, ids, deps.monotonic),
     )
 
 

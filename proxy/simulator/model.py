@@ -10,8 +10,10 @@ reads the prompt (`prompt.py`) and writes, as token ids:
     then one of
     <|start|>assistant<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>
         {args}<|call|>
-        when functions are declared and no `functions.*` answer follows the last user turn
-        (NAME is the first declared function; args fill its required parameters)
+        when functions are declared and no tool answer follows the last user turn
+        (NAME is the first declared function, `NS.NAME` for another namespace; args fill its
+        required parameters); with `[each tool]` in the user message, each declared function
+        in turn until all have answered
     <|start|>assistant<|channel|>final<|message|>{answer}<|return|>
         otherwise: an answer quoting the last user message, or using the tool's answer;
         asked for a checkpoint summary (the proxy's compaction instruction as the last
@@ -60,6 +62,9 @@ from proxy.simulator.prompt import Function, Prompt, read_prompt
 Piece = str | int  # text, or a special token id
 
 _QUOTE_CHARS: Final = 160
+#: In the last user message: call every declared function in turn, one per completion, before
+#: the answer (a multi-call tool loop), instead of the first one only.
+EACH_TOOL: Final = "[each tool]"
 
 FILLER: Final = (
     "Let me think this through step by step.",
@@ -264,6 +269,10 @@ def _plan(prompt: Prompt, preamble: bool) -> list[_Message]:
     question = _quote(prompt.user_text) or "(nothing)"
     if prompt.checkpoint is not None:
         return _summary(prompt.checkpoint)
+    if EACH_TOOL in prompt.user_text:
+        waiting = [f for f in prompt.functions if f.recipient not in prompt.answered]
+        if waiting and prompt.tool_name is not None:
+            return _call(waiting[0], prompt, question, preamble)
     if prompt.tool_name is not None:
         answer = _quote(prompt.tool_output or "") or "(nothing)"
         name = prompt.tool_name
@@ -273,13 +282,7 @@ def _plan(prompt: Prompt, preamble: bool) -> list[_Message]:
             _Message("final", f"Here is what {name} says: “{answer}” ✅ Hope that helps! 🎉"),
         ]
     if prompt.functions:
-        function = prompt.functions[0]
-        arguments = orjson.dumps(_arguments(function, prompt.user_text)).decode()
-        return [
-            _Message("analysis", f"The user asks: “{question}”. I should call {function.name}."),
-            *_preamble(preamble, "Let me look that up for you… ⏳"),
-            _Message("commentary", arguments, recipient=f"functions.{function.name}"),
-        ]
+        return _call(prompt.functions[0], prompt, question, preamble)
     return [
         _Message(
             "analysis",
@@ -303,6 +306,15 @@ def _summary(facts: Sequence[str]) -> list[_Message]:
     ]
 
 
+def _call(function: Function, prompt: Prompt, question: str, preamble: bool) -> list[_Message]:
+    arguments = orjson.dumps(_arguments(function, prompt.user_text)).decode()
+    return [
+        _Message("analysis", f"The user asks: “{question}”. I should call {function.name}."),
+        *_preamble(preamble, "Let me look that up for you… ⏳"),
+        _Message("commentary", arguments, recipient=function.recipient),
+    ]
+
+
 def _plans(
     prompt: Prompt, preamble: bool, constraint: Constraint | None
 ) -> Iterator[list[_Message]]:
@@ -314,7 +326,7 @@ def _plans(
         yield [
             _Message("analysis", f"The user asks: “{question}”. I should call {function.name}."),
             *_preamble(preamble, "Let me look that up for you… ⏳"),
-            _Message("commentary", arguments, recipient=f"functions.{function.name}"),
+            _Message("commentary", arguments, recipient=function.recipient),
         ]
     yield _plan(Prompt(prompt.user_text, (), prompt.tool_name, prompt.tool_output), preamble)
     schema = None if constraint is None else constraint.json_schema()

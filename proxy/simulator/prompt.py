@@ -8,8 +8,10 @@ prompts (a tool message's author `functions.NAME` is "Unknown role" to
 `parse_messages_from_completion_tokens(role=None)`) and raises on garbage; this reader never
 raises: a prompt it cannot read is an empty conversation.
 
-Functions come from the developer message's `namespace functions { … }` block, as openai-harmony
-renders `ToolDescription`s (TypeScript-like: `type NAME = (_: { prop: type, … }) => any;`). Sans-IO.
+Functions come from the developer message's `namespace NS { … }` blocks (`functions` first, then
+any other namespace — a `namespace` tool, a hosted MCP server's tools), as openai-harmony renders
+`ToolDescription`s (TypeScript-like: `type NAME = (_: { prop: type, … }) => any;`). A tool's
+answer is a message whose author is a declared function (`NS.NAME`). Sans-IO.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from proxy.harmony.tokens import CALL, END, MESSAGE, RETURN, START
 _CLOSERS = frozenset({END, CALL, RETURN})
 _TYPE_LINE = re.compile(r"^type ([^\s=]+) = \((.*)$")
 _PROPERTY = re.compile(r"^([A-Za-z_$][\w$-]*)(\?)?: (.*?),?$")
+_NAMESPACE = re.compile(r"^namespace ([^\s{]+) \{$", re.MULTILINE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +47,11 @@ class Function:
 
     name: str
     required: tuple[tuple[str, str], ...] = ()
+    namespace: str = "functions"
+
+    @property
+    def recipient(self) -> str:
+        return f"{self.namespace}.{self.name}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +65,8 @@ class Prompt:
     #: Asked for a checkpoint summary (a last developer message asking for one): what the
     #: summary should hold — earlier summaries, the user's requests, the tools' answers.
     checkpoint: tuple[str, ...] | None = None
+    #: the authors of every tool answer after the last user turn
+    answered: frozenset[str] = frozenset()
 
 
 #: What a summarisation request says (the proxy's compaction instruction).
@@ -70,13 +80,15 @@ def read_prompt(encoding: HarmonyEncoding, prompt_ids: Sequence[int]) -> Prompt:
     turns = split_turns(encoding, prompt_ids)
     last_user = max((i for i, turn in enumerate(turns) if turn.role == "user"), default=-1)
     user_text = turns[last_user].text if last_user >= 0 else ""
-    tool = next(
-        (t for t in reversed(turns[last_user + 1 :]) if t.role.startswith("functions.")), None
-    )
     functions: tuple[Function, ...] = ()
     for turn in turns:
         if turn.role == "developer":
             functions = declared_functions(turn.text) or functions
+    tools = {function.recipient for function in functions}
+    answers = [
+        t for t in turns[last_user + 1 :] if t.role.startswith("functions.") or t.role in tools
+    ]
+    tool = answers[-1] if answers else None
     checkpoint = None
     if turns and turns[-1].role == "developer" and CHECKPOINT_ASK in turns[-1].text:
         checkpoint = tuple(_checkpoint_facts(turns[:-1]))
@@ -86,6 +98,7 @@ def read_prompt(encoding: HarmonyEncoding, prompt_ids: Sequence[int]) -> Prompt:
         tool_name=tool.role if tool else None,
         tool_output=tool.text if tool else None,
         checkpoint=checkpoint,
+        answered=frozenset(t.role for t in answers),
     )
 
 
@@ -145,11 +158,16 @@ def _decode(encoding: HarmonyEncoding, ids: list[int]) -> str:
 
 
 def declared_functions(developer_text: str) -> tuple[Function, ...]:
-    """The functions of the `namespace functions` block of a rendered developer message."""
-    start = developer_text.find("namespace functions {")
-    if start < 0:
-        return ()
-    end = developer_text.find("} // namespace functions", start)
+    """The functions of the `namespace` blocks of a rendered developer message, `functions`
+    first."""
+    names = [match[1] for match in _NAMESPACE.finditer(developer_text)]
+    ordered = sorted(names, key=lambda name: name != "functions")
+    return tuple(f for name in ordered for f in _namespace_functions(developer_text, name))
+
+
+def _namespace_functions(developer_text: str, namespace: str) -> list[Function]:
+    start = developer_text.find(f"namespace {namespace} {{")
+    end = developer_text.find(f"}} // namespace {namespace}", start)
     block = developer_text[start : end if end >= 0 else None].splitlines()
     functions: list[Function] = []
     line_no = 0
@@ -168,5 +186,5 @@ def declared_functions(developer_text: str) -> tuple[Function, ...]:
                 if depth == 1 and (prop := _PROPERTY.match(line)) and not prop[2]:
                     required.append((prop[1], prop[3]))
                 depth += line.count("{") - line.count("}")
-        functions.append(Function(name, tuple(required)))
-    return tuple(functions)
+        functions.append(Function(name, tuple(required), namespace))
+    return functions

@@ -33,6 +33,7 @@ from proxy.server import asgi
 from proxy.server.compaction import compacting
 from proxy.server.deps import until_drained
 from proxy.server.exchange import Exchange
+from proxy.server.hosted.hosting import Hosting
 from proxy.server.outcome import outcome_of, report
 from proxy.server.routes.answers import refuse
 from proxy.server.services import Services
@@ -65,6 +66,7 @@ async def serve_repaired(
     model = str(body.get("model"))
     id_header = [(b"x-request-id", request_id.encode())]
     scope_key = scope_of(scope["headers"], settings.store_scope_header)
+    hosting = Hosting(services.hosted, deps.renderer)
     if deps.tracing is not None:
         deps.tracing.genai_request(body, request_id)
     try:
@@ -77,6 +79,7 @@ async def serve_repaired(
             scope_key,
             on_prepared=on_prepared,
             inbound=inbound,
+            hosting=hosting,
         )
     except asgi.ClientDisconnected:  # gone while its compaction ran (cancelled with it)
         metrics.disconnects.labels("before_upstream").inc()
@@ -106,11 +109,12 @@ async def serve_repaired(
     try:
         try:
             timed_send = asgi.with_send_timeout(send, settings.send_timeout)
-            work = (
-                exchange.stream(SseSink(timed_send, request_id))
-                if stream
-                else exchange.answer(timed_send)
-            )
+            if hosting.plan is not None:
+                work = hosting.answer(exchange, timed_send, stream=stream)
+            elif stream:
+                work = exchange.stream(SseSink(timed_send, request_id))
+            else:
+                work = exchange.answer(timed_send)
             disconnected = await asgi.run_until_disconnect(inbound, work)
         except ProxyError as error:  # before the first byte: an HTTP error
             # A `stream: false` answer whose upstream broke mid-way was counted by `_fail`
@@ -181,6 +185,7 @@ async def admit(
     on_prepared: Callable[[], None] | None = None,
     previous_response_id: str | None = None,
     inbound: asgi.Inbound | None = None,
+    hosting: Hosting | None = None,
 ) -> Admitted:
     """Render `body` (with its stored context), check what upstream can do and the stream
     limit, and make its exchange; a refusal raises `ProxyError`. `previous_response_id`: the
@@ -191,7 +196,10 @@ async def admit(
     context: Context | None = None
     # A body may ask to be compacted first (server/compaction.py); a client gone during that
     # pass (`inbound`) cancels it: `asgi.ClientDisconnected`.
-    render: Callable[[dict[str, Any]], Awaitable[PreparedRequest]] = deps.renderer.prepare
+    # Hosted MCP tools are planned (listed, turned into namespaces) before rendering.
+    render: Callable[[dict[str, Any]], Awaitable[PreparedRequest]] = (
+        deps.renderer.prepare if hosting is None else hosting.render
+    )
     if deps.tracing is not None:
         render = deps.tracing.traced("render", render)
     body, render = compacting(

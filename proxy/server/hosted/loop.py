@@ -1,0 +1,299 @@
+"""The hosted-tool loop: generate, and when the model calls an MCP tool run it and generate
+again with its result — upstream passes that the client sees as one response.
+
+Each pass is an `Exchange` whose events are rewritten on their way out: one `response.created`
+and `in_progress` (the first pass's), one terminal event (the last pass's, its `output` all the
+passes' items, its `usage` their sum), dense sequence numbers and output indices across passes,
+and the `tools` echo with each `mcp` tool as declared, without its credentials. A call to an MCP
+tool is not shown as a `function_call`: it becomes an `mcp_call` item (its events streamed while
+it runs), or an `mcp_approval_request` that ends the response. A call fails as data (an
+`mcp_call` with `error`), never as an HTTP error or a hung stream: every call is bounded by
+`mcp_call_timeout`, the loop by `mcp_max_calls` and `mcp_loop_timeout`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from proxy.errors import ProxyError
+from proxy.harmony.mcp import declare, items
+from proxy.harmony.request.prepare import PreparedRequest
+from proxy.harmony.stream.events import error_event
+from proxy.server.exchange import Exchange
+from proxy.server.hosted.plan import Plan
+from proxy.server.hosted.tools import Hosted
+
+Event = dict[str, Any]
+Emit = Callable[[list[Event]], Awaitable[None]]
+_TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
+_OPENING = frozenset({"response.created", "response.in_progress", "response.queued"})
+
+
+class Loop:
+    """One response over several passes (module doc). `emit` writes a batch ([]: a keepalive)."""
+
+    def __init__(
+        self,
+        hosted: Hosted,
+        plan: Plan,
+        first: Exchange,
+        render: Callable[[dict[str, Any]], Awaitable[PreparedRequest]],
+        make: Callable[[PreparedRequest], Exchange],
+        keepalive: float,
+    ) -> None:
+        self.hosted, self.plan, self.first = hosted, plan, first
+        self.render, self.make, self.keepalive = render, make, keepalive
+        self.output: list[dict[str, Any]] = []
+        self.sequence = 0
+        self.usage: dict[str, Any] | None = None
+        self.calls = 0
+        self.snapshot: dict[str, Any] | None = None
+        self.tools_echo: list[Any] | None = None
+        #: The first pass's response object: what the client was told at `response.created`.
+        self.head: dict[str, Any] | None = None
+        #: The last terminal event seen (to end the response from, e.g. when a pass breaks).
+        self.last: Event | None = None
+
+    async def run(self, emit: Emit) -> None:
+        started = self.hosted.monotonic()
+        exchange, body = self.first, self.plan.body
+        opening = True
+        while True:
+            try:
+                terminal, calls, kept = await self._pass(exchange, emit, opening=opening)
+            except ProxyError as error:
+                if opening or self.last is None:
+                    raise  # before the first byte: the route answers the HTTP error
+                await self._end(
+                    emit, self.last, failure=(error.code or "upstream_error", str(error))
+                )
+                return
+            opening = False
+            if terminal is None:
+                return
+            self.last = terminal
+            self._add_usage(terminal["response"].get("usage"))
+            ended = terminal["type"] != "response.completed" or not calls
+            late = self.hosted.monotonic() - started > self.hosted.loop_timeout
+            if ended or late or self.calls >= self.hosted.max_calls:
+                await self._end(emit, terminal)
+                return
+            call = calls[0]  # gpt-oss stops at its first call (`<|call|>`)
+            result = await self._run_call(emit, call)
+            if result is None:  # approval asked: the response ends here
+                await self._end(emit, terminal)
+                return
+            history = [*self._as_list(body.get("input")), *kept, *items.as_input(result)]
+            body = {**body, "input": history}
+            if self.plan.tool_choice is not None:
+                body["tool_choice"] = "auto"  # the forced call was made
+            try:
+                exchange = self.make(await self.render(body))
+            except ProxyError as error:
+                await self._end(
+                    emit, terminal, failure=(error.code or "invalid_request", str(error))
+                )
+                return
+
+    async def _pass(
+        self, exchange: Exchange, emit: Emit, *, opening: bool
+    ) -> tuple[Event | None, list[dict[str, Any]], list[dict[str, Any]]]:
+        """Write one pass's events (rewritten); its terminal event, its MCP calls, and the
+        items it kept (as the next pass's input)."""
+        hidden: set[int] = set()
+        index_map: dict[int, int] = {}
+        calls: list[dict[str, Any]] = []
+        kept: list[dict[str, Any]] = []
+        batches = exchange.batches()
+        async with contextlib.aclosing(batches):
+            async for batch in batches:
+                if not batch:  # time for a keepalive (`Exchange.batches`)
+                    await emit([])
+                    continue
+                out: list[Event] = []
+                for event in batch:
+                    kind = event["type"]
+                    if kind in _OPENING:
+                        if opening:
+                            out.append(self._with_tools(event))
+                        continue
+                    if kind in _TERMINAL:
+                        if opening and not self.output and self.plan.opening:
+                            out += self._opening_events()
+                        await self._write(emit, out)
+                        for item in event["response"].get("output", []):
+                            if self._is_mcp_call(item):
+                                calls.append(item)
+                            else:
+                                kept.append(item)
+                        return event, calls, kept
+                    index = event.get("output_index")
+                    if index is None:
+                        out.append(event)
+                        continue
+                    if kind == "response.output_item.added" and self._is_mcp_call(event["item"]):
+                        hidden.add(index)
+                    if index in hidden:
+                        continue
+                    if kind == "response.output_item.added":
+                        if opening and not self.output and self.plan.opening:
+                            out += self._opening_events()
+                        index_map[index] = len(self.output)
+                        self.output.append(event["item"])
+                    mapped = index_map.get(index, index)
+                    event = {**event, "output_index": mapped}
+                    if kind == "response.output_item.done":
+                        self.output[mapped] = event["item"]
+                    out.append(event)
+                if opening and any(e["type"] == "response.in_progress" for e in out):
+                    out += self._opening_events()
+                await self._write(emit, out)
+        return None, calls, kept
+
+    def _opening_events(self) -> list[Event]:
+        """The items made before the first pass (listings, approved calls), once."""
+        events: list[Event] = []
+        for item in self.plan.opening:
+            index = len(self.output)
+            self.output.append(item)
+            if item["type"] == "mcp_list_tools":
+                events += items.list_tools_events(index, item)
+            else:
+                events += items.call_start_events(index, item)
+                events += items.call_end_events(index, item)
+        self.plan.opening = []
+        return events
+
+    def _is_mcp_call(self, item: dict[str, Any]) -> bool:
+        return item.get("type") == "function_call" and item.get("namespace") in self.plan.servers
+
+    async def _run_call(self, emit: Emit, call: dict[str, Any]) -> dict[str, Any] | None:
+        """Run (or ask approval for) the model's call; the finished `mcp_call`, or None when
+        the response ends with an approval request."""
+        label, name, arguments = call["namespace"], call["name"], call.get("arguments") or ""
+        server = self.plan.servers[label]
+        tool = declare.find_tool(self.plan.listed.get(label, []), name)
+        index = len(self.output)
+        if tool is not None and server.allows(tool) and server.needs_approval(tool):
+            request = items.approval_request_item(self.hosted.ids("mcpr"), label, name, arguments)
+            self.output.append(request)
+            await self._write(emit, items.approval_request_events(index, request))
+            return None
+        self.calls += 1
+        pending = items.call_item(self.hosted.ids("mcp"), label, name, arguments)
+        self.output.append(pending)
+        await self._write(emit, items.call_start_events(index, pending))
+        if tool is None or not server.allows(tool):
+            error = items.call_error(
+                items.PROTOCOL_ERROR, f"the MCP server {label!r} has no allowed tool {name!r}"
+            )
+            done = {**pending, "status": "failed", "error": error}
+        else:
+            task = asyncio.ensure_future(self.hosted.call(server, name, arguments))
+            try:
+                while True:
+                    done_set, _ = await asyncio.wait({task}, timeout=self.keepalive)
+                    if done_set:
+                        break
+                    await emit([])
+            finally:
+                task.cancel()
+            done = {**task.result(), "id": pending["id"]}
+        self.output[index] = done
+        await self._write(emit, items.call_end_events(index, done))
+        return done
+
+    async def _end(
+        self, emit: Emit, terminal: Event, failure: tuple[str, str] | None = None
+    ) -> None:
+        response = {**terminal["response"], **_kept_from(self.head)}
+        response["output"] = list(self.output)
+        if self.usage is not None:
+            response["usage"] = self.usage
+        if failure is not None:
+            code, message = failure
+            response["status"] = "failed"
+            response["error"] = {"code": "server_error", "message": message}
+            await self._write(emit, [error_event(code, message)])
+            terminal = {**terminal, "type": "response.failed"}
+        self.snapshot = response
+        await self._write(emit, [{**terminal, "response": response}])
+
+    def cancelled(self) -> list[Event]:
+        """The events that end a stored copy of a response whose client went away mid-loop."""
+        base = self.last["response"] if self.last is not None else self.head
+        if base is None:
+            return []
+        # An item cut while it ran (an MCP call in flight) ends incomplete, as the core's do.
+        output = [
+            {**item, "status": "incomplete"} if item.get("status") == "in_progress" else item
+            for item in self.output
+        ]
+        response = {**base, **_kept_from(self.head), "output": output, "status": "cancelled"}
+        event: Event = {"type": "response.failed", "response": response}
+        event["sequence_number"] = self.sequence
+        self.sequence += 1
+        return [event]
+
+    def _with_tools(self, event: Event) -> Event:
+        response = dict(event["response"])
+        if self.tools_echo is None:
+            self.tools_echo = self.plan.tools_echo(list(response.get("tools") or []))
+        response["tools"] = self.tools_echo
+        if self.plan.tool_choice is not None:
+            response["tool_choice"] = self.plan.tool_choice
+        if self.head is None:
+            self.head = response
+        return {**event, "response": response}
+
+    def _add_usage(self, usage: dict[str, Any] | None) -> None:
+        if usage is None:
+            return
+        self.usage = usage if self.usage is None else _summed(self.usage, usage)
+
+    async def _write(self, emit: Emit, events: list[Event]) -> None:
+        if not events:
+            return
+        for event in events:
+            event["sequence_number"] = self.sequence
+            self.sequence += 1
+        await emit(events)
+
+    @staticmethod
+    def _as_list(value: Any) -> list[Any]:
+        if isinstance(value, str):
+            return [{"role": "user", "content": value}]
+        return list(value) if isinstance(value, list) else []
+
+
+#: What the final response keeps of the first pass's: its identity, the request's echo as the
+#: stored chain saw it, and the tools as declared.
+_HEAD_KEYS = (
+    "id",
+    "created_at",
+    "previous_response_id",
+    "background",
+    "conversation",
+    "tools",
+    "tool_choice",
+)
+
+
+def _kept_from(head: dict[str, Any] | None) -> dict[str, Any]:
+    return {key: head[key] for key in _HEAD_KEYS if head is not None and key in head}
+
+
+def _summed(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in a.keys() | b.keys():
+        x, y = a.get(key), b.get(key)
+        if isinstance(x, dict) and isinstance(y, dict):
+            out[key] = _summed(x, y)
+        elif isinstance(x, int) and isinstance(y, int):
+            out[key] = x + y
+        else:
+            out[key] = y if y is not None else x
+    return out

@@ -1,0 +1,154 @@
+"""Before rendering: a body's `mcp` tools checked, listed and turned into namespaces, the `mcp_*`
+items of its input read, answered approvals run.
+
+What comes out (`Plan`) is a body the request renderer knows (no `mcp` tool, no `mcp_*` item),
+the declared servers and their tools, the output items that open the response (the listings
+made now, the calls approved now), and the order of the tools' echo.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.errors import ClientError
+from proxy.harmony.mcp import declare, items
+from proxy.harmony.mcp.carry import MCP_TYPES, carry, pending_answers
+from proxy.harmony.mcp.declare import Server
+from proxy.mcp import Refused
+from proxy.server.hosted.tools import Hosted
+
+
+@dataclass
+class Plan:
+    """`body`: what the renderer gets; `servers` and `listed` by label; `opening`: output items
+    before the first pass; `echoes`: per declared tool, its echo (an `mcp` tool) or None (the
+    renderer's echo, in order)."""
+
+    body: dict[str, Any]
+    servers: dict[str, Server] = field(default_factory=dict)
+    listed: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    opening: list[dict[str, Any]] = field(default_factory=list)
+    echoes: list[dict[str, Any] | None] = field(default_factory=list)
+    #: An `mcp` tool_choice as given (the renderer got it as a function choice in the server's
+    #: namespace); it binds the first pass only.
+    tool_choice: dict[str, Any] | None = None
+
+    def tools_echo(self, rendered: list[Any]) -> list[Any]:
+        """The response's `tools`: the declared order, `mcp` tools without credentials."""
+        others = iter(rendered)
+        return [echo if echo is not None else next(others) for echo in self.echoes]
+
+
+def involves_mcp(body: dict[str, Any]) -> bool:
+    tools, given = body.get("tools"), body.get("input")
+    return (
+        isinstance(tools, list)
+        and any(isinstance(tool, dict) and tool.get("type") == "mcp" for tool in tools)
+    ) or (
+        isinstance(given, list)
+        and any(isinstance(item, dict) and item.get("type") in MCP_TYPES for item in given)
+    )
+
+
+async def plan(hosted: Hosted, body: dict[str, Any]) -> Plan:
+    """The plan of a body that `involves_mcp` (module doc); 400 for a bad or refused server."""
+    declared = body.get("tools")
+    tools: list[Any] = declared if isinstance(declared, list) else []
+    result = Plan(body=body)
+    urls: dict[str, str] = {}
+    for index, tool in enumerate(tools):
+        if not (isinstance(tool, dict) and tool.get("type") == "mcp"):
+            result.echoes.append(None)
+            continue
+        path = f"tools[{index}]"
+        server = declare.read_server(tool, path)
+        if server.label in result.servers:
+            raise ClientError(
+                f"'{path}.server_label' repeats the label {server.label!r}",
+                param=f"{path}.server_label",
+                code="invalid_value",
+            )
+        if body.get("background") is True:
+            raise ClientError(
+                "'mcp' tools are not supported with background: true behind this proxy",
+                param="background",
+                code="unsupported_value",
+            )
+        try:
+            await hosted.policy.check(server.url)
+        except Refused as refused:
+            raise ClientError(
+                refused.message, param=f"{path}.server_url", code=refused.code
+            ) from None
+        result.servers[server.label] = server
+        urls[server.label] = path
+        result.echoes.append(declare.echo(tool))
+    carried = carry(body.get("input"))
+    for label, server in result.servers.items():
+        reused = carried.listed.get(label)
+        if reused is not None:
+            result.listed[label] = reused
+            continue
+        listed, error, _ = await hosted.listing(server)
+        result.listed[label] = listed
+        result.opening.append(items.list_tools_item(hosted.ids("mcpl"), label, listed, error))
+    given: Any = carried.items
+    for request, approve in pending_answers(carried):
+        answered = result.servers.get(request["server_label"])
+        if answered is None:
+            raise ClientError(
+                f"an mcp_approval_response answers a call to the server "
+                f"{request['server_label']!r}, which this request's tools do not declare",
+                param="tools",
+                code="invalid_value",
+            )
+        if approve:
+            call = await hosted.call(
+                answered, request["name"], request["arguments"], approval_request_id=request["id"]
+            )
+            result.opening.append(call)
+        else:
+            call = items.call_item(
+                hosted.ids("mcp"),
+                answered.label,
+                request["name"],
+                request["arguments"],
+                status="failed",
+                error=items.call_error(items.TOOL_ERROR, "the user declined this call"),
+                approval_request_id=request["id"],
+            )
+        given = [*given, *items.as_input(call)]
+    rendered = [
+        tool for tool in tools if not (isinstance(tool, dict) and tool.get("type") == "mcp")
+    ]
+    for label, server in result.servers.items():
+        namespace = declare.as_namespace(server, result.listed[label])
+        if namespace["tools"]:
+            rendered.append(namespace)
+    result.body = {**body, "input": given}
+    if "tools" in body:
+        result.body["tools"] = rendered
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict) and choice.get("type") == "mcp":
+        result.tool_choice = choice
+        result.body["tool_choice"] = _as_function_choice(choice, result.servers)
+    return result
+
+
+def _as_function_choice(choice: dict[str, Any], servers: dict[str, Server]) -> dict[str, Any]:
+    """`{"type": "mcp", "server_label", "name"}` as the function choice the renderer knows."""
+    label, name = choice.get("server_label"), choice.get("name")
+    if label not in servers:
+        raise ClientError(
+            f"'tool_choice.server_label' names {label!r}, which no 'mcp' tool declares",
+            param="tool_choice.server_label",
+            code="invalid_value",
+        )
+    if not isinstance(name, str):
+        raise ClientError(
+            "an 'mcp' tool_choice needs the 'name' of the tool to call behind this proxy",
+            param="tool_choice.name",
+            code="missing_required_parameter",
+        )
+    return {"type": "function", "name": name, "namespace": label}

@@ -1,0 +1,165 @@
+"""The app's side of hosted MCP tools: the policy, the tool-list cache, the limits, the metrics;
+one listing and one call, counted. Built once per app from the settings (`Hosted.from_settings`).
+
+Metrics are labelled by the request's `server_label`, capped at `_MAX_LABELS` distinct values
+(the rest count as "other"): the label is the client's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from proxy.config import Settings
+from proxy.harmony.mcp import items
+from proxy.harmony.mcp.declare import Server
+from proxy.mcp import Limits, McpFailure, Policy, ToolCache, call_tool, credential_key, list_tools
+
+_MAX_LABELS = 64
+_OTHER = "other"
+
+
+class McpMetrics:
+    """`proxy_mcp_calls_total{server_label,outcome}`, `proxy_mcp_call_seconds{server_label}`,
+    `proxy_mcp_list_total{server_label,outcome}` (outcome `cached` for a reused list)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.calls = Counter(
+            "proxy_mcp_calls",
+            "MCP tool calls run, by server label and outcome (ok, error)",
+            ["server_label", "outcome"],
+            registry=registry,
+        )
+        self.latency = Histogram(
+            "proxy_mcp_call_seconds",
+            "Seconds of one MCP tool call, connect included",
+            ["server_label"],
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=registry,
+        )
+        self.lists = Counter(
+            "proxy_mcp_list_tools",
+            "MCP tool listings, by server label and outcome (ok, error, cached)",
+            ["server_label", "outcome"],
+            registry=registry,
+        )
+        self._labels: set[str] = set()
+
+    def label(self, server_label: str) -> str:
+        if server_label in self._labels:
+            return server_label
+        if len(self._labels) >= _MAX_LABELS:
+            return _OTHER
+        self._labels.add(server_label)
+        return server_label
+
+
+@dataclass
+class Hosted:
+    """What every request with `mcp` tools shares."""
+
+    policy: Policy
+    cache: ToolCache
+    limits: Limits
+    max_calls: int
+    loop_timeout: float
+    metrics: McpMetrics
+    monotonic: Callable[[], float] = time.monotonic
+    ids: Callable[[str], str] = field(default=lambda prefix: prefix)
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: Settings,
+        registry: CollectorRegistry,
+        ids: Callable[[str], str],
+        monotonic: Callable[[], float],
+    ) -> Hosted:
+        return cls(
+            policy=Policy(settings.mcp_allowed_servers, settings.mcp_allow_private_addresses),
+            cache=ToolCache(settings.mcp_list_cache_seconds, 1024, monotonic),
+            limits=Limits(settings.mcp_call_timeout, settings.mcp_result_max_chars),
+            max_calls=settings.mcp_max_calls,
+            loop_timeout=settings.mcp_loop_timeout,
+            metrics=McpMetrics(registry),
+            monotonic=monotonic,
+            ids=ids,
+        )
+
+    async def listing(self, server: Server) -> tuple[list[dict[str, Any]], str | None, bool]:
+        """The server's tools, an error message (then no tools), and whether it was listed now
+        (not reused from the cache)."""
+        key = credential_key(server.url, server.headers)
+        label = self.metrics.label(server.label)
+        cached = self.cache.get(key)
+        if cached is not None:
+            self.metrics.lists.labels(label, "cached").inc()
+            return cached, None, False
+        try:
+            tools = await list_tools(server.url, server.headers, self.limits)
+        except McpFailure as failure:
+            self.metrics.lists.labels(label, "error").inc()
+            return [], str(failure), True
+        self.metrics.lists.labels(label, "ok").inc()
+        self.cache.put(key, tools)
+        return tools, None, True
+
+    async def call(
+        self, server: Server, name: str, arguments: str, approval_request_id: str | None = None
+    ) -> dict[str, Any]:
+        """Run one call: the finished `mcp_call` item (its `error` set on any failure)."""
+        item_id = self.ids("mcp")
+        label = self.metrics.label(server.label)
+        try:
+            parsed = items_arguments(arguments)
+        except ValueError:
+            error = items.call_error(items.TOOL_ERROR, "the arguments are not a JSON object")
+            self.metrics.calls.labels(label, "error").inc()
+            return items.call_item(
+                item_id,
+                server.label,
+                name,
+                arguments,
+                status="failed",
+                error=error,
+                approval_request_id=approval_request_id,
+            )
+        started = self.monotonic()
+        outcome = await call_tool(server.url, server.headers, name, parsed, self.limits)
+        self.metrics.latency.labels(label).observe(self.monotonic() - started)
+        self.metrics.calls.labels(label, "error" if outcome.error else "ok").inc()
+        if outcome.error is not None:
+            kind = items.TOOL_ERROR if outcome.tool_error else items.PROTOCOL_ERROR
+            return items.call_item(
+                item_id,
+                server.label,
+                name,
+                arguments,
+                status="failed",
+                error=items.call_error(kind, outcome.error),
+                approval_request_id=approval_request_id,
+            )
+        return items.call_item(
+            item_id,
+            server.label,
+            name,
+            arguments,
+            status="completed",
+            output=outcome.output,
+            approval_request_id=approval_request_id,
+        )
+
+
+def items_arguments(arguments: str) -> dict[str, Any]:
+    """A call's JSON arguments as an object (an empty text is no arguments)."""
+    if not arguments.strip():
+        return {}
+    value = orjson.loads(arguments)
+    if not isinstance(value, dict):
+        raise ValueError("not an object")
+    return value
