@@ -89,3 +89,22 @@ def test_benchmarks_has_a_section_with_its_command_per_script() -> None:
     for script in sorted(scripts):
         assert script in sections, f"BENCHMARKS.md has no section for bench/{script}.py"
         assert f"bench/{script}.py" in sections[script], f"section {script} names no command"
+
+
+#: "issue 12", "issues 3 and 4", "Issue #7": a reader of the code has no issue tracker to look
+#: these up in; a comment states the fact or the reason instead.
+_HISTORY = re.compile(r"\bissues? #?[0-9]+", re.I)
+
+
+def test_nothing_cites_our_issue_numbers() -> None:
+    places = [ROOT / "proxy", ROOT / "tests", ROOT / "bench", ROOT / "docs", ROOT / "deploy"]
+    files = [path for place in places for path in place.rglob("*") if path.is_file()]
+    files += [ROOT / name for name in ("README.md", "ARCHITECTURE.md", "BENCHMARKS.md")]
+    found = []
+    for path in files:
+        if path.suffix not in {".py", ".md", ".yaml", ".yml", ".toml", ".json"}:
+            continue
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if _HISTORY.search(line) and path != Path(__file__):
+                found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()[:100]}")
+    assert not found, "\n".join(found)

@@ -6,6 +6,7 @@ and nothing at all imported or made when tracing is off."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
+from websockets.sync.client import connect
 
 from proxy.config import Settings
 from proxy.server.app import create_app
@@ -30,6 +32,7 @@ from proxy.simulator.config import SimulatorConfig
 from proxy.store.memory import MemoryStore
 from proxy.tracing import TraceConfig, Tracing, start_tracing
 from tests.live import LiveServer, wait_for
+from tests.mcp_servers import mcp_server
 
 MODEL = "openai/gpt-oss-120b"
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -384,3 +387,72 @@ def test_store_reads_of_a_request_are_spans_under_it(encoding: HarmonyEncoding) 
     assert backends == {"memory"}, [(s.name, s.attributes) for s in reads]
     server = by_name(spans, f"chat {MODEL}")
     assert dict(server.attributes or {})["proxy.previous_response_id"] == first.id
+
+
+def test_each_websocket_turn_has_its_own_span_linked_to_the_handshake(
+    encoding: HarmonyEncoding,
+) -> None:
+    url = "/v1/responses"
+    with traced(encoding) as stack:
+        with connect(
+            stack.proxy.url.replace("http://", "ws://") + url,
+            additional_headers={"traceparent": TRACEPARENT},
+            open_timeout=5,
+        ) as socket:
+            for _ in range(2):
+                create = {"type": "response.create", "model": MODEL, "input": "hi"}
+                socket.send(json.dumps({**create, "max_output_tokens": 16}))
+                while json.loads(socket.recv(timeout=10))["type"] not in TERMINAL:
+                    pass
+        spans = stack.spans(3)
+    handshake = next(s for s in spans if s.kind is SpanKind.SERVER)
+    turns = [s for s in spans if s.name == f"chat {MODEL}" and s.parent is None]
+    assert len(turns) == 2, [s.name for s in spans]
+    assert handshake.context is not None
+    assert f"{handshake.context.trace_id:032x}" == TRACE_ID
+    for turn in turns:
+        assert turn.context is not None
+        assert turn.context.trace_id != handshake.context.trace_id  # a trace of its own
+        assert [link.context.span_id for link in turn.links] == [handshake.context.span_id]
+        assert dict(turn.attributes or {})["gen_ai.request.model"] == MODEL
+        assert SECRET not in every_attribute([turn])
+
+
+TERMINAL = {"response.completed", "response.incomplete", "response.failed", "error"}
+
+
+def test_a_hosted_mcp_call_is_a_client_span_under_its_request(encoding: HarmonyEncoding) -> None:
+    tool = {
+        "type": "mcp",
+        "server_label": "tools",
+        "require_approval": "never",
+        "allowed_tools": ["echo"],
+        "headers": {"authorization": "Bearer mcp-secret"},
+    }
+    with (
+        mcp_server() as url,
+        traced(
+            encoding, mcp_allowed_servers=("127.0.0.1",), mcp_allow_private_addresses=True
+        ) as stack,
+    ):
+        client = stack.client()
+        response = client.responses.create(
+            model=MODEL,
+            input="say hello",
+            tools=[{**tool, "server_url": url}],  # type: ignore[list-item]
+            extra_headers={"traceparent": TRACEPARENT},
+        )
+        client.close()
+        assert any(item.type == "mcp_call" for item in response.output)
+        spans = stack.spans(3)
+    request = next(s for s in spans if s.kind is SpanKind.SERVER)
+    call = by_name(spans, "mcp echo")
+    assert call.kind is SpanKind.CLIENT
+    assert call.context is not None
+    assert request.context is not None
+    assert call.context.trace_id == request.context.trace_id
+    attributes = dict(call.attributes or {})
+    assert attributes["gen_ai.tool.name"] == "echo"
+    assert attributes["proxy.mcp.server"] == "tools"
+    assert "mcp-secret" not in every_attribute(spans)
+    assert url not in every_attribute([call])

@@ -14,16 +14,16 @@ import logging
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import anyio
 import httpx2
 import mcp_types as types
 import orjson
-from mcp.client.session import ClientSession
-from mcp.client.sse import sse_client
-from mcp.client.streamable_http import streamable_http_client
+
+if TYPE_CHECKING:
+    from mcp.client.session import ClientSession
 
 # The SDK's and its HTTP client's own log lines quote server URLs and exceptions' texts, which
 # may hold a client's credential (a token in a query string, a header echoed in an error): the
@@ -79,6 +79,11 @@ def _client(
 async def _session(
     url: str, headers: Mapping[str, str] | None, limits: Limits
 ) -> AsyncIterator[ClientSession]:
+    # The SDK imports OpenTelemetry's API: loaded with the first MCP session, not with the
+    # proxy (tracing off imports nothing of OpenTelemetry; a worker without MCP tools less).
+    from mcp.client.session import ClientSession
+    from mcp.client.sse import sse_client
+
     plain = dict(headers or {})
     timeout = httpx2.Timeout(limits.timeout)
     if urlsplit(url).path.rstrip("/").endswith("/sse"):
@@ -100,6 +105,8 @@ async def _session(
 
 @contextlib.asynccontextmanager
 async def _owned(client: httpx2.AsyncClient, url: str) -> AsyncIterator[Any]:
+    from mcp.client.streamable_http import streamable_http_client
+
     async with client, streamable_http_client(url, http_client=client) as streams:
         yield streams
 

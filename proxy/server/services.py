@@ -176,6 +176,8 @@ def build_services(
     stateful = None
     if store is not None or settings.store_url != OFF:
         stateful = Stateful(settings, metrics, ids=ids, clock=clock, logger=logger, tracing=tracing)
+    hosted = Hosted.from_settings(settings, registry, ids, deps.monotonic)
+    hosted.tracing = tracing
     return Services(
         deps=deps,
         registry=registry,
@@ -185,7 +187,7 @@ def build_services(
         background=None if stateful is None else Background(deps, stateful),
         store=store,
         websocket=WebSocketMetrics(registry),
-        hosted=Hosted.from_settings(settings, registry, ids, deps.monotonic),
+        hosted=hosted,
     )
 
 

@@ -19,6 +19,7 @@ from proxy.config import Settings
 from proxy.harmony.mcp import items
 from proxy.harmony.mcp.declare import Server
 from proxy.mcp import Limits, McpFailure, Policy, ToolCache, call_tool, credential_key, list_tools
+from proxy.tracing import Tracing
 
 _MAX_LABELS = 64
 _OTHER = "other"
@@ -59,6 +60,10 @@ class McpMetrics:
         return server_label
 
 
+#: Characters of a tool name in a span's name and attributes.
+_SPAN_CAP = 128
+
+
 @dataclass
 class Hosted:
     """What every request with `mcp` tools shares."""
@@ -71,6 +76,8 @@ class Hosted:
     metrics: McpMetrics
     monotonic: Callable[[], float] = time.monotonic
     ids: Callable[[str], str] = field(default=lambda prefix: prefix)
+    #: Each call a client span under the request's when tracing is on.
+    tracing: Tracing | None = None
 
     @classmethod
     def from_settings(
@@ -130,7 +137,15 @@ class Hosted:
                 approval_request_id=approval_request_id,
             )
         started = self.monotonic()
-        outcome = await call_tool(server.url, server.headers, name, parsed, self.limits)
+        if self.tracing is None:
+            outcome = await call_tool(server.url, server.headers, name, parsed, self.limits)
+        else:
+            # The server's label and the tool's name only: never its URL, headers or arguments.
+            attributes = {"gen_ai.tool.name": name[:_SPAN_CAP], "proxy.mcp.server": label}
+            with self.tracing.span(f"mcp {name[:_SPAN_CAP]}", attributes, client=True) as span:
+                outcome = await call_tool(server.url, server.headers, name, parsed, self.limits)
+                if outcome.error is not None:
+                    span.set_attribute("error.type", "tool_error" if outcome.tool_error else "mcp")
         self.metrics.latency.labels(label).observe(self.monotonic() - started)
         self.metrics.calls.labels(label, "error" if outcome.error else "ok").inc()
         if outcome.error is not None:

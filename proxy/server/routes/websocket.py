@@ -196,10 +196,21 @@ class Session:
     async def _run_turn(
         self, body: dict[str, Any], stream_id: str | None, *, generate: bool = True
     ) -> None:
+        tracing = self.services.deps.tracing
+        if tracing is None:
+            await self._turn(body, stream_id, generate=generate)
+            return
+        # A turn is a response of its own: a trace of its own, linked to the handshake's span.
+        with tracing.linked("chat"):
+            await self._turn(body, stream_id, generate=generate)
+
+    async def _turn(self, body: dict[str, Any], stream_id: str | None, *, generate: bool) -> None:
         services = self.services
         deps, state = services.deps, services.state
         started = services.monotonic()
         request_id = deps.ids("req")
+        if deps.tracing is not None:
+            deps.tracing.genai_request(body, request_id)
         model = str(body.get("model"))
         sent = body
         continued: str | None = None
