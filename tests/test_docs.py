@@ -91,8 +91,8 @@ def test_benchmarks_has_a_section_with_its_command_per_script() -> None:
         assert f"bench/{script}.py" in sections[script], f"section {script} names no command"
 
 
-#: "issue 12", "issues 3 and 4", "Issue #7": a reader of the code has no issue tracker to look
-#: these up in; a comment states the fact or the reason instead.
+#: The word "issue" followed by a number: a reader of the code has no issue tracker to look
+#: those up in; a comment states the fact or the reason instead.
 _HISTORY = re.compile(r"\bissues? #?[0-9]+", re.I)
 
 
