@@ -41,6 +41,12 @@ from proxy.store.waiters import Waiters
 _T = TypeVar("_T")
 
 
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    """Whether `exc` is lock contention (SQLITE_BUSY / SQLITE_LOCKED and their extended codes)."""
+    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+    return code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
 class SqliteStore(Store):
     """The embedded backend (module docstring). `open()` before use."""
 
@@ -79,12 +85,29 @@ class SqliteStore(Store):
 
     def _open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        # Switching a file to WAL can fail at once with SQLITE_BUSY, without waiting on the busy
+        # handler, while another process opens or closes the same file (workers starting
+        # together); that contention lasts microseconds, so the open is retried until the
+        # busy timeout.
+        deadline = time.monotonic() + self._busy_timeout
+        delay = 0.002
+        while True:
+            try:
+                self._db = self._connect()
+                return
+            except sqlite3.OperationalError as exc:
+                if not _busy(exc) or time.monotonic() + delay > deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+    def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(
             self.path, timeout=self._busy_timeout, isolation_level=None, check_same_thread=True
         )
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
         try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
             # One transaction: processes starting together create the schema once.
             db.executescript(f"BEGIN IMMEDIATE; {SCHEMA} COMMIT;")
         except BaseException:
@@ -92,7 +115,7 @@ class SqliteStore(Store):
                 db.execute("ROLLBACK")
             db.close()
             raise
-        self._db = db
+        return db
 
     async def _run(self, work: Callable[..., _T], *args: Any) -> _T:
         if self._closed:
