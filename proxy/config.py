@@ -74,6 +74,11 @@ class Settings:
     keepalive_interval: float = setting(
         15.0, values.positive_float,
         "seconds of silence after which a `: keepalive` SSE comment is sent")
+    created_before_upstream: bool = setting(
+        False, values.boolean,
+        "stream `response.created` and `response.in_progress` as soon as a request is admitted, "
+        "not once upstream's answer head is in (about 1 ms sooner); an upstream refusal then "
+        "ends the stream with `error` + `response.failed`, not an HTTP error status")
     drain_timeout: float = setting(
         30.0, values.positive_float,
         "on SIGTERM, seconds in-flight streams may take to finish before they are failed")

@@ -141,7 +141,7 @@ async def serve_repaired(
             outcome = outcome_of(exchange)
         if disconnected and exchange.delivered:
             # The client had its whole answer and hung up while upstream's tail was read
-            # (`_release`): a finished response, not a disconnect.
+            # (`Frames.release`): a finished response, not a disconnect.
             outcome = outcome_of(exchange)
         elif disconnected:
             outcome = "client_disconnect"
