@@ -144,10 +144,33 @@ def test_a_compaction_keeps_the_user_messages_of_its_window() -> None:
         {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
         {"role": "developer", "content": "not kept"},
     ]
-    assert compaction.kept(items, ROTATED) == [["first"], ["second"]]
+    assert compaction.kept(items, ROTATED, 1000) == [["first"], ["second"]]
     kept = compaction.kept_item(["second"], "msg_1")
     assert kept["role"] == "user"
     assert kept["content"] == [{"type": "input_text", "text": "second"}]
+
+
+def test_a_compaction_keeps_the_newest_user_messages_within_its_budget() -> None:
+    earlier = _item(ROTATED, "s", [["a" * 40], ["b" * 30]])
+    items = [earlier, {"role": "user", "content": [{"type": "input_text", "text": "c" * 20}]}]
+    assert compaction.kept(items, ROTATED, 50) == [["b" * 30], ["c" * 20]]
+    assert compaction.kept(items, ROTATED, 49) == [["c" * 20]]
+    items.append({"role": "user", "content": "d" * 45})
+    assert compaction.kept(items, ROTATED, 70) == [["c" * 20], ["d" * 45]]
+    # Bytes, not characters: "é" is two.
+    accented = [*items, {"role": "user", "content": "é" * 3}]
+    assert compaction.kept(accented, ROTATED, 51) == [["d" * 45], ["é" * 3]]
+    assert compaction.kept(accented, ROTATED, 50) == [["é" * 3]]
+    # A contiguous run of the newest: a short older message is not kept past a long one.
+    assert compaction.kept([*items, {"role": "user", "content": "e"}], ROTATED, 30) == [["e"]]
+    # The newest always, whatever its size: the turn being answered stays verbatim.
+    assert compaction.kept(items, ROTATED, 10) == [["d" * 45]]
+    assert compaction.kept([], ROTATED, 10) == []
+
+
+def test_the_kept_budget_is_the_threshold_or_a_quarter_of_the_context() -> None:
+    assert compaction.kept_budget(60_000, 131_072) == 60_000
+    assert compaction.kept_budget(None, 131_072) == 32_768
 
 
 def test_the_pass_body_asks_for_the_summary_without_tools() -> None:

@@ -15,6 +15,12 @@ the summary replaces. The kept user messages are both returned as items (the cli
 in its history, as OpenAI's example does) and sealed in the payload, so the rule "items before
 the latest compaction item are dropped" loses nothing: the compaction item alone re-renders them.
 
+Kept, but bounded (`kept_budget`): the newest user messages, newest first, while their text fits
+in the budget — the newest one always, so the turn being answered stays verbatim — and the
+older ones are left to the summary. Unbounded, each compaction would carry every user message of
+the earlier ones forward, and once that text alone passed the threshold every later request
+would pay a summarisation pass and still be over it.
+
 Where it renders. Items before the latest compaction item in an input (with a stored chain or
 conversation merged in first) are dropped. The compaction item then stands at the head of the
 conversation, right after the system and developer messages, and renders as
@@ -144,9 +150,28 @@ def user_texts(item: Any) -> list[str] | None:
     ]
 
 
-def kept(items: list[Any], keys: ReasoningKeys) -> list[list[str]]:
-    """The text parts of the user messages a compaction of `items` keeps (module doc): those
-    the latest earlier compaction kept, then those after it."""
+#: Bytes of kept user text per token of the compaction's reference size (`kept_budget`). A
+#: token is never less than one byte, so the kept text never takes more tokens than the
+#: reference; English runs ~4 bytes a token, so it takes about a quarter of it, which leaves the
+#: rest of a threshold to the summary and the turns after it before the next compaction. Bytes,
+#: not tokens: counting tokens would run the BPE on the event loop, over the client's text.
+KEPT_BYTES_PER_TOKEN = 1
+#: Without a threshold (the compact route, a `compaction_trigger` alone) the reference is this
+#: share of the model's context (`max_prompt_tokens`).
+KEPT_CONTEXT_SHARE = 4
+
+
+def kept_budget(threshold: int | None, max_prompt_tokens: int) -> int:
+    """The UTF-8 bytes of user text a compaction keeps verbatim, at most (module doc): one per
+    token of the `compact_threshold`, or of a quarter of the context without one."""
+    reference = threshold if threshold is not None else max_prompt_tokens // KEPT_CONTEXT_SHARE
+    return reference * KEPT_BYTES_PER_TOKEN
+
+
+def kept(items: list[Any], keys: ReasoningKeys, budget: int) -> list[list[str]]:
+    """The text parts of the user messages a compaction of `items` keeps (module doc): of those
+    the latest earlier compaction kept, then those after it, the newest whose text fits in
+    `budget` bytes (the newest one always), in order."""
     rest = window(items)
     texts: list[list[str]] = []
     for index, item in enumerate(rest):
@@ -157,7 +182,15 @@ def kept(items: list[Any], keys: ReasoningKeys) -> list[list[str]]:
         found = user_texts(item)
         if found is not None:
             texts.append(found)
-    return texts
+    first = len(texts)
+    used = 0
+    while first > 0:
+        size = sum(len(text.encode("utf-8", "surrogatepass")) for text in texts[first - 1])
+        if used + size > budget and first < len(texts):
+            break  # a contiguous run of the newest: the older ones are in the summary
+        used += size
+        first -= 1
+    return texts[first:]
 
 
 def kept_item(texts: list[str], item_id: str) -> dict[str, Any]:

@@ -2,10 +2,10 @@
 
     draining? 503 ─▶ read the body within the body budget (413, 415; 400: not a compact
     body) ─▶ merge the stored chain (`previous_response_id`) and `item_reference`s into the
-    input, as a create does ─▶ render the summarisation pass
-    (request/compaction.py) ─▶ run it through upstream and the core (server/compaction.py;
-    502 `compaction_failed`) ─▶ answer the kept user messages + one sealed `compaction` item,
-    with the pass's `usage`
+    input, as a create does ─▶ render the summarisation pass (request/compaction.py; `mcp_*`
+    items as the plain renderer reads them) ─▶ run it through upstream and the core
+    (server/compaction.py; 502 `compaction_failed`) ─▶ answer the kept user messages (the
+    newest, within `kept_budget`) + one sealed `compaction` item, with the pass's `usage`
 
 Nothing is stored: the answer is the client's to keep. Counted in
 `proxy_compactions_total{trigger="endpoint"}` and logged (ids, counts and sizes, never text).
@@ -20,9 +20,9 @@ from starlette.responses import JSONResponse, Response
 
 from proxy.errors import UnavailableError, UpstreamError
 from proxy.harmony.request import compaction
-from proxy.harmony.request.prepare import parse_body
+from proxy.harmony.request.prepare import PreparedRequest, parse_body
 from proxy.server import asgi
-from proxy.server.compaction import summarise, watched
+from proxy.server.compaction import plain_items, summarise, watched
 from proxy.server.deps import SHUTTING_DOWN
 from proxy.server.http.budget import read_body
 from proxy.server.routes.answers import answered, services_of
@@ -62,15 +62,19 @@ async def _compact(
 ) -> dict[str, Any]:
     deps, stateful = services.deps, services.stateful
     pass_request = compaction.pass_body(body)
+
+    async def render(merged: dict[str, Any]) -> PreparedRequest:
+        return await deps.renderer.prepare(plain_items(merged))
+
     if body.get("previous_response_id") is not None:
         pass_request["previous_response_id"] = body["previous_response_id"]
     if stateful is not None:
         scope_key = scope_of(request.scope["headers"], deps.settings.store_scope_header)
-        prepared, context = await stateful.prepare(pass_request, scope_key, deps.renderer.prepare)
+        prepared, context = await stateful.prepare(pass_request, scope_key, render)
         history = list(context.body.get("input") or [])[:-1]  # without the instruction
     else:
         refuse_without_store(pass_request)
-        prepared = await deps.renderer.prepare(pass_request)
+        prepared = await render(pass_request)
         history = list(pass_request["input"])[:-1]
     request_id = asgi.request_id(request.scope)
     # A client that goes away cancels the pass and its upstream request.
@@ -78,7 +82,9 @@ async def _compact(
         inbound, summarise(deps, prepared, request_id, started, asgi.header_pairs(request.scope))
     )
     keys = deps.reasoning_keys
-    kept = compaction.kept(history, keys)
+    kept = compaction.kept(
+        history, keys, compaction.kept_budget(None, deps.settings.max_prompt_tokens)
+    )
     item = compaction.compaction_item(deps.ids("cmp"), compaction.seal(keys, done.summary, kept))
     services.log(
         "compaction",
