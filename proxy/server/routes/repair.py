@@ -109,8 +109,10 @@ async def serve_repaired(
     try:
         try:
             timed_send = asgi.with_send_timeout(send, settings.send_timeout)
-            if hosting.plan is not None:
-                work = hosting.answer(exchange, timed_send, stream=stream)
+            if hosting.plan is not None and stream:
+                work = hosting.answer(exchange, SseSink(timed_send, request_id))
+            elif hosting.plan is not None:
+                work = hosting.answer_json(exchange, timed_send)
             elif stream:
                 work = exchange.stream(SseSink(timed_send, request_id))
             else:
