@@ -259,11 +259,12 @@ class Settings:
         "every request)")
     mcp_max_calls: int = setting(
         8, values.positive_int,
-        "MCP tool calls one response may run; the response ends after the last one")
+        "MCP tool calls one response may run (a request's max_tool_calls may lower it); once "
+        "run, the MCP tools are withdrawn and the model answers")
     mcp_loop_timeout: float = setting(
         300.0, values.positive_float,
         "seconds one response may spend in MCP tool calls and the generation passes between "
-        "them; no new call starts past it")
+        "them; past it no call runs, the MCP tools are withdrawn and the model answers")
     simulator_stream_interval: int = setting(
         20, values.positive_int,
         "built-in simulator: tokens per engine output after the first (trtllm stream_interval)")
