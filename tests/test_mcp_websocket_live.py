@@ -222,3 +222,41 @@ def test_a_warm_up_with_mcp_tools_lists_them_and_generates_nothing(
     assert after - before == 2  # the later turn's two passes; the warm-up reached no upstream
     assert "mcp_list_tools" not in output_types(later)  # the warm-up's listing reused
     assert "mcp_call" in output_types(later)
+
+
+def test_a_denial_is_told_to_the_model_once_across_later_turns(
+    proxy: Proxy, upstream: LiveServer, encoding: HarmonyEncoding, server_url: str
+) -> None:
+    tool = mcp(server_url, allowed_tools=["echo"], require_approval="always")
+    records = upstream.server.config.app.state.simulator.requests
+    with client_of(proxy) as client, client.responses.connect() as connection:
+        asked = turn(connection, model=MODEL, input="deny me", tools=[tool], store=False)
+        request = asked[-1]["response"]["output"][-1]
+        denied = turn(
+            connection,
+            model=MODEL,
+            tools=[tool],
+            store=False,
+            previous_response_id=asked[-1]["response"]["id"],
+            input=[
+                {
+                    "type": "mcp_approval_response",
+                    "approval_request_id": request["id"],
+                    "approve": False,
+                }
+            ],
+        )
+        later = turn(
+            connection,
+            model=MODEL,
+            store=False,
+            previous_response_id=denied[-1]["response"]["id"],
+            input="and now?",
+        )
+    assert "mcp_call" not in output_types(denied)
+    assert "declined" in str(denied[-1]["response"]["output"])
+    assert later[-1]["type"] == "response.completed", later[-1]
+    (prompt,) = [encoding.decode(list(r.prompt_ids)) for r in records][-1:]
+    # Told once, as the tool's answer (the model's reply quotes it too).
+    assert prompt.count("error: the user declined this call<|end|>") == 1
+    assert prompt.endswith("and now?<|end|><|start|>assistant")

@@ -80,6 +80,20 @@ def unrun_call_item(
     )
 
 
+def declined_call(request: Mapping[str, Any]) -> Item:
+    """The call an `mcp_approval_request` asked for, declined by the user (what the model is
+    told; never an output item)."""
+    return call_item(
+        request["id"],
+        request["server_label"],
+        request["name"],
+        request["arguments"],
+        status="failed",
+        error=call_error(TOOL_ERROR, "the user declined this call"),
+        approval_request_id=request["id"],
+    )
+
+
 def call_error(kind: str, message: str) -> dict[str, Any]:
     """An `mcp_call` error object (`MCPToolExecutionError` or `MCPProtocolError`)."""
     if kind == TOOL_ERROR:

@@ -128,7 +128,7 @@ async def plan(hosted: Hosted, body: dict[str, Any]) -> Plan:
         result.opening.append(items.list_tools_item(hosted.ids("mcpl"), label, listed, error))
     given: Any = carried.items
     result.max_calls = budget(body, hosted.max_calls)
-    for request, approve in pending_answers(carried):
+    for request, _ in pending_answers(carried):
         answered = result.servers.get(request["server_label"])
         if answered is None:
             raise ClientError(
@@ -137,7 +137,7 @@ async def plan(hosted: Hosted, body: dict[str, Any]) -> Plan:
                 param="tools",
                 code="invalid_value",
             )
-        if approve and result.calls >= result.max_calls:
+        if result.calls >= result.max_calls:
             call = items.unrun_call_item(
                 hosted.ids("mcp"),
                 answered.label,
@@ -148,22 +148,12 @@ async def plan(hosted: Hosted, body: dict[str, Any]) -> Plan:
             )
             hosted.count_unrun(answered)
             result.opening.append(call)
-        elif approve:
+        else:
             call = await hosted.call(
                 answered, request["name"], request["arguments"], approval_request_id=request["id"]
             )
             result.calls += 1
             result.opening.append(call)
-        else:
-            call = items.call_item(
-                hosted.ids("mcp"),
-                answered.label,
-                request["name"],
-                request["arguments"],
-                status="failed",
-                error=items.call_error(items.TOOL_ERROR, "the user declined this call"),
-                approval_request_id=request["id"],
-            )
         given = [*given, *items.as_input(call)]
     rendered = [
         tool for tool in tools if not (isinstance(tool, dict) and tool.get("type") == "mcp")
