@@ -27,6 +27,7 @@ from proxy.errors import ProxyError, UpstreamError
 from proxy.harmony.constraint import CONSTRAINT_VIOLATED
 from proxy.harmony.request.prepare import PreparedRequest
 from proxy.harmony.response import ResponseContext
+from proxy.harmony.stream.events import TERMINAL_EVENTS
 from proxy.harmony.stream.repair import ResponseStream
 from proxy.metrics_batch import HistogramBatch
 from proxy.server import asgi
@@ -392,8 +393,5 @@ class Exchange:
             self.first_content = self.deps.monotonic()
             self.deps.metrics.first_content.observe(self.first_content - self.started)
         last = events[-1] if events else None
-        if last is not None and last["type"] in _TERMINAL:
+        if last is not None and last["type"] in TERMINAL_EVENTS:
             self.snapshot = last["response"]
-
-
-_TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
