@@ -19,7 +19,7 @@ from openai_harmony import HarmonyEncoding
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.config import Settings
+from proxy.config.settings import Settings
 from proxy.harmony.constraint import CONSTRAINT_KINDS
 from proxy.harmony.stream.events import ITEM_EVENT_TYPES
 from proxy.harmony.stream.record import MALFORMED_KINDS

@@ -16,7 +16,8 @@ import orjson
 import pytest
 
 from proxy import logs
-from proxy.config import ConfigError, Settings, load_settings
+from proxy.config.settings import Settings
+from proxy.config.sources import ConfigError, load_settings
 from proxy.server.processes import multiproc
 from proxy.server.processes.cpus import cgroup_quota, resolve_workers, usable_cpus
 from proxy.server.processes.worker import WorkerSpec, bind_socket, check_settings, read_spec

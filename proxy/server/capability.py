@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 from openai_harmony import HarmonyEncoding, HarmonyError
 
-from proxy.config import Settings
+from proxy.config.settings import Settings
 from proxy.metrics import Metrics
 from proxy.server.deps import ServerState
 from proxy.upstream.client import Upstream

@@ -13,7 +13,7 @@ from typing import TypeVar
 
 from openai_harmony import HarmonyEncoding
 
-from proxy.config import Settings
+from proxy.config.settings import Settings
 from proxy.errors import UnavailableError
 from proxy.harmony.reasoning_seal import ReasoningKeys
 from proxy.harmony.request.prefix import PrefixCache

@@ -18,7 +18,7 @@ from typing import Any, TypedDict, Unpack
 from openai_harmony import HarmonyEncoding
 from prometheus_client import CollectorRegistry
 
-from proxy.config import Settings
+from proxy.config.settings import Settings
 from proxy.harmony.reasoning_seal import ReasoningKeys
 from proxy.harmony.request.prefix import PrefixCache
 from proxy.harmony.response import IdFactory, random_id

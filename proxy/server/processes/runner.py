@@ -44,7 +44,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from proxy.config import Settings
+from proxy.config.settings import Settings
 from proxy.metrics_genai import exposition
 from proxy.server import asgi
 from proxy.server.app import create_app

@@ -46,7 +46,7 @@ from pathlib import Path
 
 from openai_harmony import HarmonyEncoding
 
-from proxy.config import Settings
+from proxy.config.settings import Settings
 from proxy.harmony.reasoning_seal import ReasoningKeys
 from proxy.metrics import worker_restarts
 from proxy.server.processes import multiproc

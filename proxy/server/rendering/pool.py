@@ -41,7 +41,7 @@ import orjson
 from openai_harmony import HarmonyEncoding
 
 from proxy import vocab
-from proxy.config import Settings
+from proxy.config.settings import Settings
 from proxy.errors import ClientError, ProxyError
 from proxy.harmony.request.prefix import PrefixCache
 from proxy.harmony.request.prepare import PreparedRequest

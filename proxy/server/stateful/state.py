@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from proxy.config import Settings
+from proxy.config.settings import Settings
 from proxy.errors import ClientError, StoreUnavailableError
 from proxy.harmony.history import chain as history
 from proxy.harmony.history import conversation as conv
