@@ -21,7 +21,7 @@ from proxy.harmony.response import IdFactory
 from proxy.harmony.stream.parser import TokenTable
 from proxy.metrics import Metrics
 from proxy.metrics_genai import GenAIMetrics
-from proxy.server.rendering.pool import Renderer
+from proxy.server.rendering.renderer import Renderer
 from proxy.tracing import Tracing
 from proxy.upstream.client import Upstream
 from proxy.upstream.probe import Capability

@@ -30,7 +30,8 @@ from proxy.metrics_ws import WebSocketMetrics
 from proxy.server.deps import RepairDeps, ServerState
 from proxy.server.hosted.tools import Hosted
 from proxy.server.http.budget import BodyBudget
-from proxy.server.rendering.pool import Renderer, default_renderer
+from proxy.server.rendering.pool import default_renderer
+from proxy.server.rendering.renderer import Renderer
 from proxy.server.rendering.worker import RenderOptions
 from proxy.server.stateful.background import Background
 from proxy.server.stateful.state import Stateful
