@@ -31,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy import vocab
 from proxy.config.settings import Settings
 from proxy.config.sources import FIELDS, load_settings
-from proxy.metrics import Metrics
+from proxy.metrics.serving import Metrics
 from proxy.server.app import create_app
 from proxy.server.processes import runner as server
 from proxy.server.processes.cpus import usable_cpus

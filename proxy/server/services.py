@@ -24,9 +24,9 @@ from proxy.harmony.request.prefix import PrefixCache
 from proxy.harmony.response import IdFactory, random_id
 from proxy.harmony.stream.parser import TokenTable
 from proxy.logs import get_logger
-from proxy.metrics import Metrics
-from proxy.metrics_genai import GenAIMetrics
-from proxy.metrics_ws import WebSocketMetrics
+from proxy.metrics.genai import GenAIMetrics
+from proxy.metrics.serving import Metrics
+from proxy.metrics.websocket import WebSocketMetrics
 from proxy.server.deps import RepairDeps, ServerState
 from proxy.server.hosted.tools import Hosted
 from proxy.server.http.budget import BodyBudget

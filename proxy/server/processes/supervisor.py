@@ -48,7 +48,7 @@ from openai_harmony import HarmonyEncoding
 
 from proxy.config.settings import Settings
 from proxy.harmony.reasoning_seal import ReasoningKeys
-from proxy.metrics import worker_restarts
+from proxy.metrics.serving import worker_restarts
 from proxy.server.processes import multiproc
 from proxy.server.processes.runner import EXIT_MARGIN, serve_metrics, simulated_upstream
 from proxy.server.processes.worker import READY, WorkerSpec, bind_socket

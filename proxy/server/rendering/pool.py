@@ -41,7 +41,7 @@ from proxy.server.rendering.renderer import InlineRenderer, Renderer, is_cheap
 from proxy.server.rendering.worker import RenderOptions
 
 if TYPE_CHECKING:
-    from proxy.metrics import Metrics
+    from proxy.metrics.serving import Metrics
 
 #: Seconds a new worker may take to load the encoding and say it is ready.
 BOOT_TIMEOUT = 60.0
