@@ -25,7 +25,7 @@ import uvicorn
 from openai_harmony import HarmonyEncoding
 
 from proxy import vocab
-from proxy.config import Settings
+from proxy.config.settings import Settings
 from proxy.harmony.stream.events import TERMINAL_EVENTS
 from proxy.server.app import create_app
 from proxy.server.processes.runner import QuietServer

@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 from websockets.sync.client import connect
 
-from proxy.config import Settings
+from proxy.config.settings import Settings
 from proxy.server.app import create_app
 from proxy.simulator.app import create_simulator_app
 from proxy.simulator.config import SimulatorConfig
@@ -297,7 +297,7 @@ def test_off_imports_nothing_of_opentelemetry() -> None:
             if name.startswith("OTEL_"):
                 del os.environ[name]
         from starlette.testclient import TestClient
-        from proxy.config import Settings
+        from proxy.config.settings import Settings
         from proxy.server.app import create_app
         from proxy.vocab import ensure_vocab, load_encoding
         settings = Settings(upstream_url="http://127.0.0.1:9", render_workers=0,

@@ -28,7 +28,7 @@ from starlette.types import Scope, Send
 from proxy.errors import ClientError, ProxyError, UnavailableError, UpstreamError
 from proxy.harmony.constraint import OutputConstraint
 from proxy.harmony.request.prepare import PreparedRequest
-from proxy.metrics import CLIENT_TIMEOUT
+from proxy.metrics.serving import CLIENT_TIMEOUT
 from proxy.server import asgi
 from proxy.server.compaction import compacting
 from proxy.server.deps import until_drained
