@@ -27,7 +27,8 @@ stack adds without doing anything per frame), no longer as a target. `--before D
 "proxy-before" path: the proxy of another checkout (e.g. `git worktree add DIR main`), measured
 in the same round robin, for a before/after in one run; a change by more than a tenth of the
 target counts as a regression (less is run-to-run noise on this machine). `--setting NAME=VALUE`
-(repeatable) runs both proxies with a setting, e.g. `store_url=off`.
+(repeatable) runs both proxies with a setting, e.g. `store_url=off`; `--before-setting` the
+"proxy-before" one only (with `--before .`: one checkout, two settings, side by side).
 The first frame carries one token (`<|channel|>`), which has no text: on every path the first
 text arrives with the second frame, so "first content" is not a like-for-like comparison; the
 per-frame figures are.
@@ -157,7 +158,9 @@ async def run(args: argparse.Namespace) -> None:
     try:
         proxy = await harness.start_proxy(sim.url, entry=entry, **settings)
         before = (
-            await harness.start_proxy(sim.url, root=Path(args.before), **settings)
+            await harness.start_proxy(
+                sim.url, root=Path(args.before), **{**settings, **dict(args.before_setting)}
+            )
             if args.before
             else None
         )
@@ -264,8 +267,9 @@ def report(samples: dict[str, Samples], args: argparse.Namespace, pinned: bool) 
         f"# simulator: 2 ms/token, first token 20 ms, stream_interval 20, ~{args.tokens} tokens; "
         f"{args.repeats} requests per path"
     )
-    if args.setting:
-        print(f"# proxy settings: {', '.join(f'{k}={v}' for k, v in args.setting)}")
+    for name, pairs in (("proxy", args.setting), (BEFORE, args.before_setting)):
+        if pairs:
+            print(f"# {name} settings: {', '.join(f'{k}={v}' for k, v in pairs)}")
 
     def added(values: list[float], reference: list[float]) -> float:
         return (harness.median(values) - harness.median(reference)) * ms
@@ -390,9 +394,8 @@ def main() -> None:
         help="run the proxy with timers (bench/phases.py) and print where the time before "
         "response.created goes",
     )
-    parser.add_argument(
-        "--setting", type=harness.settings_arg, action="append", default=[], metavar="NAME=VALUE"
-    )
+    for flag in ("--setting", "--before-setting"):  # both proxies; the --before one only
+        parser.add_argument(flag, type=harness.settings_arg, action="append", default=[])
     asyncio.run(run(parser.parse_args()))
 
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 if TYPE_CHECKING:  # the SDK is imported by `start_tracing` only
     from opentelemetry.context import Context
@@ -227,6 +227,11 @@ def client_attributes(url: str) -> dict[str, Any]:
     """The HTTP client span's attributes (semantic conventions) for a request to `url`."""
     parts = urlsplit(url)
     https = parts.scheme == "https"
+    if parts.username is not None or parts.password is not None:
+        # Upstream's base URL may carry Basic credentials: the conventions ask for them
+        # redacted, and a span goes to whoever runs the collector.
+        host = parts.netloc.rpartition("@")[2]
+        url = urlunsplit(parts._replace(netloc=f"REDACTED:REDACTED@{host}"))
     return {
         "http.request.method": "POST",
         "url.full": url,

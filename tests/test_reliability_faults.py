@@ -20,6 +20,7 @@ import pytest
 from openai_harmony import HarmonyEncoding
 
 from proxy.harmony.tokens import MESSAGE
+from tests.fault_metrics import assert_clean_logs, assert_serves_next, changes, snapshot
 from tests.live import LiveServer
 from tests.reliability import (
     FAST_SIM,
@@ -32,7 +33,6 @@ from tests.reliability import (
     running_proxy,
     sse_events,
     texts,
-    wait_until,
 )
 from tests.simulator_helpers import SimThread
 from tests.upstream_double import UpstreamDouble, script_for
@@ -92,61 +92,6 @@ def point(encoding: HarmonyEncoding, where: str) -> tuple[dict[str, Any], int]:
 def fault_spec(kind: str, after: int) -> str:
     name, _, arg = kind.partition(":")
     return f"{name}@{after}" + (f":{arg}" if arg else "")
-
-
-def snapshot(proxy: Proxy) -> dict[str, float]:
-    names = {
-        "failed": ("proxy_requests_total", {"outcome": "failed"}),
-        "completed": ("proxy_requests_total", {"outcome": "completed"}),
-    }
-    out = {
-        key: proxy.metric(name, route="responses", stream="true", model="other", **labels)
-        for key, (name, labels) in names.items()
-    }
-    for code in set(STREAM_FAULTS.values()) | {"upstream_unreachable", "upstream_error"}:
-        kind = "timeout" if code == "upstream_timeout" else code
-        out[code] = proxy.metric("proxy_upstream_errors_total", kind=kind)
-    for kind in ("idle", "first_token", "first_byte"):
-        out["timeout_" + kind] = proxy.metric("proxy_timeouts_total", kind=kind)
-    out["client_error"] = proxy.metric(
-        "proxy_requests_total",
-        route="responses",
-        stream="true",
-        model="other",
-        outcome="client_error",
-    )
-    out["upstream_error_outcome"] = proxy.metric(
-        "proxy_requests_total",
-        route="responses",
-        stream="true",
-        model="other",
-        outcome="upstream_error",
-    )
-    return out
-
-
-def delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    return {key: after[key] - before[key] for key in before if after[key] != before[key]}
-
-
-def changes(proxy: Proxy, before: dict[str, float], expected: dict[str, float]) -> dict[str, float]:
-    """The metric changes since `before`, once they match `expected` or after 5 s: the proxy
-    counts a request just after its last byte, so the client can be a little ahead (more than
-    a second on a loaded 2-core machine: seen once)."""
-    wait_until(lambda: delta(before, snapshot(proxy)) == expected, 5.0)
-    return delta(before, snapshot(proxy))
-
-
-def assert_serves_next(proxy: Proxy, client: httpx.Client) -> None:
-    before = snapshot(proxy)
-    answer = client.post(proxy.url + "/v1/responses", json=body("And now?"))
-    assert answer.status_code == 200
-    assert assert_well_formed(sse_events(answer.content))["status"] == "completed"
-    assert changes(proxy, before, {"completed": 1}) == {"completed": 1}  # and counted
-
-
-def assert_clean_logs(proxy: Proxy) -> None:
-    assert proxy.logs.problems() == [], proxy.logs.text()[-3000:]
 
 
 @pytest.mark.parametrize("where", POINTS)

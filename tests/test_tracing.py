@@ -25,12 +25,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 from websockets.sync.client import connect
 
-from proxy.config import Settings
+from proxy.config.settings import Settings
 from proxy.server.app import create_app
 from proxy.simulator.app import create_simulator_app
 from proxy.simulator.config import SimulatorConfig
 from proxy.store.memory import MemoryStore
-from proxy.tracing import TraceConfig, Tracing, start_tracing
+from proxy.tracing import TraceConfig, Tracing, client_attributes, start_tracing
 from tests.live import LiveServer, wait_for
 from tests.mcp_servers import mcp_server
 
@@ -297,7 +297,7 @@ def test_off_imports_nothing_of_opentelemetry() -> None:
             if name.startswith("OTEL_"):
                 del os.environ[name]
         from starlette.testclient import TestClient
-        from proxy.config import Settings
+        from proxy.config.settings import Settings
         from proxy.server.app import create_app
         from proxy.vocab import ensure_vocab, load_encoding
         settings = Settings(upstream_url="http://127.0.0.1:9", render_workers=0,
@@ -490,3 +490,49 @@ def test_a_hosted_mcp_call_of_a_websocket_turn_is_a_client_span_in_the_turns_tra
     assert turn.context is not None
     assert call.context.trace_id == turn.context.trace_id
     assert "mcp-secret" not in every_attribute(spans)
+
+
+def test_the_background_cancel_listener_makes_no_spans_in_a_request_trace(
+    encoding: HarmonyEncoding, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The listener reads every run's entry each period; made inside the request that started
+    # the first run, those reads would be spans of that request's trace, long after its end.
+    monkeypatch.setattr("proxy.server.stateful.background.CHECK_PERIOD", 0.05)
+    with traced(encoding) as stack:
+        client = stack.client()
+        queued = client.responses.create(
+            model=MODEL,
+            input="hi",
+            background=True,
+            max_output_tokens=16,
+            extra_headers={"traceparent": TRACEPARENT, "X-Sim-Fault": "stall@2:1.5"},
+        )
+        assert wait_for(
+            lambda: client.responses.retrieve(queued.id).status in ("completed", "incomplete"),
+            10,
+        )
+        client.close()
+        spans = stack.spans(4)
+    request = next(s for s in spans if s.kind is SpanKind.SERVER and s.name == f"chat {MODEL}")
+    assert request.context is not None
+    assert request.end_time is not None
+    late = [
+        s.name
+        for s in spans
+        if s.context is not None
+        and s.context.trace_id == request.context.trace_id
+        and (s.start_time or 0) > request.end_time
+    ]
+    assert late == []
+
+
+def test_upstream_credentials_in_its_url_never_reach_a_span() -> None:
+    attributes = client_attributes("https://user:s3cret@up.example:8443/v1/completions")
+    assert attributes["url.full"] == "https://REDACTED:REDACTED@up.example:8443/v1/completions"
+    assert "s3cret" not in repr(attributes)
+    assert "user" not in repr(attributes)
+    assert attributes["server.address"] == "up.example"
+    assert attributes["server.port"] == 8443
+    plain = client_attributes("http://127.0.0.1:8000/v1/completions")
+    assert plain["url.full"] == "http://127.0.0.1:8000/v1/completions"
+    assert plain["server.port"] == 8000

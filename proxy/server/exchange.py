@@ -2,13 +2,14 @@
 to the client (a stream, or one JSON answer), its failures, and its stored copy's writes.
 
 `response.created`/`in_progress` go out as soon as upstream accepted the request, before its
-first token. After that every failure — upstream cut, `{"error": …}` frame, malformed frame,
-first-token or idle timeout, `[DONE]` without a finish, shutdown — ends the stream with the
-core's `error` + `response.failed`; so does output that breaks the request's `tool_choice` or
-`text.format` (the core's `violation`, code `constraint_violated`), at once: the upstream request
-is closed there, and a `stream: false` answer is the failed response object. A client that goes
-away cancels the exchange, whose `async with` closes the upstream request at once (trtllm-serve
-then aborts generation).
+first token — or, with `created_before_upstream`, before upstream is asked: a refusal that
+comes with its head is then a failure like the later ones. After that every failure — upstream
+cut, `{"error": …}` frame, malformed frame, first-token or idle timeout, `[DONE]` without a
+finish, shutdown — ends the stream with the core's `error` + `response.failed`; so does output
+that breaks the request's `tool_choice` or `text.format` (the core's `violation`, code
+`constraint_violated`), at once: the upstream request is closed there, and a `stream: false`
+answer is the failed response object. A client that goes away cancels the exchange, whose
+`async with` closes the upstream request at once (trtllm-serve then aborts generation).
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ from typing import Any, Protocol
 
 from starlette.types import Send
 
-from proxy.errors import UpstreamError
+from proxy.errors import ProxyError, UpstreamError
 from proxy.harmony.constraint import CONSTRAINT_VIOLATED
 from proxy.harmony.request.prepare import PreparedRequest
 from proxy.harmony.response import ResponseContext
+from proxy.harmony.stream.events import TERMINAL_EVENTS
 from proxy.harmony.stream.repair import ResponseStream
-from proxy.metrics_batch import HistogramBatch
+from proxy.metrics.batch import HistogramBatch
 from proxy.server import asgi
 from proxy.server.deadline import Deadline
 from proxy.server.deps import SHUTTING_DOWN, RepairDeps, until_drained
@@ -123,26 +125,53 @@ class Exchange:
 
     async def stream(self, sink: EventSink) -> None:
         """The events, as upstream's frames come, written to `sink` (sink.py)."""
+        if self.deps.settings.created_before_upstream:
+            await self._stream_announced(sink)
+            return
         # The core is made while upstream reads the request (its tables cost ~0.1 ms): the
         # callback runs when this task first waits for upstream. It is started only once
         # upstream answered.
         asyncio.get_running_loop().call_soon(self._make_core)
         async with self._opened() as frames:
-            await sink.open()
-            self.phase = "before_first_token"
-            await self._write(sink, self.core.start())
-            self.deps.metrics.first_event.observe(self.deps.monotonic() - self.started)
-            try:
-                async for events in self._pump(frames, keepalive=True):
-                    if events:
-                        await self._write(sink, events)
-                    else:
-                        await sink.keepalive()
-            except _End as end:
-                await self._write(sink, end.events)
-            else:
-                await _release(frames)
+            await self._start(sink)
+            await self._run(sink, frames)
         await sink.close()
+
+    async def _stream_announced(self, sink: EventSink) -> None:
+        """`stream` with the response announced before upstream is asked: a refusal before
+        upstream's head ends the stream as any later failure does (`error` + `failed`)."""
+        await self._start(sink)
+        try:
+            async with self._opened() as frames:
+                await self._run(sink, frames)
+        except ProxyError as error:
+            code = error.code or "upstream_error"
+            if isinstance(error, UpstreamError):
+                kind = "timeout" if code == "upstream_timeout" else code
+                self.deps.metrics.upstream_errors.labels(kind).inc()
+                if kind == "timeout":
+                    self.deps.metrics.timeouts.labels("first_byte").inc()
+            self.error_code = code
+            await self._write(sink, self.core.fail(code, str(error)))
+        await sink.close()
+
+    async def _start(self, sink: EventSink) -> None:
+        await sink.open()
+        self.phase = "before_first_token"
+        await self._write(sink, self.core.start())
+        self.deps.metrics.first_event.observe(self.deps.monotonic() - self.started)
+
+    async def _run(self, sink: EventSink, frames: Frames) -> None:
+        try:
+            async for events in self._pump(frames, keepalive=True):
+                if events:
+                    await self._write(sink, events)
+                else:
+                    await sink.keepalive()
+        except _End as end:
+            await self._write(sink, end.events)
+        else:
+            await frames.release()
 
     async def answer(self, send: Send) -> None:
         """`stream: false`: the same path, answered with the terminal snapshot as JSON."""
@@ -165,7 +194,7 @@ class Exchange:
                     status = 504 if self.error_code == "upstream_timeout" else 502
                     raise UpstreamError(message, status=status, code=self.error_code) from None
             else:
-                await _release(frames)
+                await frames.release()
         assert self.snapshot is not None
         await asgi.send_json(
             send, 200, self.snapshot, [(b"x-request-id", self.request_id.encode())]
@@ -186,7 +215,7 @@ class Exchange:
             except _End as end:
                 yield end.events
             else:
-                await _release(frames)
+                await frames.release()
 
     # -- the pump ---------------------------------------------------------------------------
 
@@ -238,10 +267,10 @@ class Exchange:
         `asyncio.wait` per frame. The drain's end expires the current wait at once."""
         deps, settings, core = self.deps, self.deps.settings, self.core
         state = deps.state
-        # Two histograms per frame, observed in batches (metrics_batch.HistogramBatch): a
+        # Two histograms per frame, observed in batches (metrics/batch.py, `HistogramBatch`): a
         # prometheus_client `observe` takes its locks, ~2 µs, and frames come by the thousand.
         overhead = HistogramBatch(deps.metrics.frame_overhead)
-        frame_tokens = HistogramBatch(deps.metrics.tokens_per_frame)
+        frame_tokens = HistogramBatch(deps.metrics.repair.tokens_per_frame)
         # One lazily re-armed timer for all the waits, not an `asyncio.timeout` per frame
         # (~14 µs each); the drain's end expires the current wait through it.
         waits = Deadline()
@@ -364,29 +393,5 @@ class Exchange:
             self.first_content = self.deps.monotonic()
             self.deps.metrics.first_content.observe(self.first_content - self.started)
         last = events[-1] if events else None
-        if last is not None and last["type"] in _TERMINAL:
+        if last is not None and last["type"] in TERMINAL_EVENTS:
             self.snapshot = last["response"]
-
-
-_TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
-#: After the finish frame upstream still sends the usage frame and `[DONE]` (at once, in
-#: trtllm-serve's generator). Reading them, within these bounds, lets httpx put the connection
-#: back into its pool; closing a response with unread body closes the connection instead, and
-#: every request paid a new TCP connection to upstream (found by bench/latency.py).
-_RELEASE_SECONDS = 0.1
-_RELEASE_FRAMES = 4
-
-
-async def _release(frames: Frames) -> None:
-    """Read the rest of a finished upstream stream (bounded) so its connection can be reused.
-    The client already has its terminal event; only the end of its body waits for this.
-    Whatever goes wrong here only means the connection is closed instead."""
-    try:
-        async with asyncio.timeout(_RELEASE_SECONDS):
-            count = 0
-            async for _ in frames:
-                count += 1
-                if count > _RELEASE_FRAMES:
-                    return
-    except (TimeoutError, FrameError):
-        return

@@ -17,7 +17,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.harmony.mcp.items import as_input, declined_call
-from proxy.harmony.request.check import at, fail, missing, present, want_bool, want_str
+from proxy.harmony.request.check import (
+    at,
+    fail,
+    missing,
+    present,
+    want_bool,
+    want_list,
+    want_object,
+    want_str,
+)
 
 MCP_TYPES = frozenset(
     {"mcp_list_tools", "mcp_call", "mcp_approval_request", "mcp_approval_response"}
@@ -53,13 +62,14 @@ def carry(value: Any) -> Carried:
         if kind == "mcp_list_tools":
             label = want_str(_required(item, "server_label", path), at(path, "server_label"))
             tools = present(item, "tools")
-            if isinstance(tools, list) and not present(item, "error"):
-                carried.listed[label] = [tool for tool in tools if isinstance(tool, dict)]
+            if tools is not None and not present(item, "error"):
+                carried.listed[label] = _listed(tools, at(path, "tools"))
         elif kind == "mcp_call":
             for key in ("server_label", "name", "arguments", "id"):
                 want_str(_required(item, key, path), at(path, key))
-            if present(item, "approval_request_id"):
-                answered.add(item["approval_request_id"])
+            answer_to = present(item, "approval_request_id")
+            if answer_to is not None:
+                answered.add(want_str(answer_to, at(path, "approval_request_id")))
             carried.items.extend(as_input(item))
         elif kind == "mcp_approval_request":
             for key in ("server_label", "name", "arguments", "id"):
@@ -91,6 +101,21 @@ def carry(value: Any) -> Carried:
 def pending_answers(carried: Carried) -> list[tuple[dict[str, Any], bool]]:
     """The approval requests approved and not yet run, with the answer (True)."""
     return [(carried.requests[request_id], approve) for request_id, approve in carried.answers]
+
+
+def _listed(tools: Any, path: str) -> list[dict[str, Any]]:
+    """A carried listing's tools, checked as the model will see them (they are rendered)."""
+    listed = []
+    for number, tool in enumerate(want_list(tools, path)):
+        where = at(path, number)
+        tool = want_object(tool, where)
+        want_str(_required(tool, "name", where), at(where, "name"))
+        if present(tool, "input_schema") is not None:
+            want_object(tool["input_schema"], at(where, "input_schema"))
+        if present(tool, "description") is not None:
+            want_str(tool["description"], at(where, "description"))
+        listed.append(tool)
+    return listed
 
 
 def _required(item: dict[str, Any], key: str, path: str) -> Any:

@@ -21,7 +21,7 @@ from proxy.server.hosted.answer import answer as run_loop
 from proxy.server.hosted.loop import Loop
 from proxy.server.hosted.plan import Plan, involves_mcp, plan
 from proxy.server.hosted.tools import Hosted
-from proxy.server.rendering.pool import Renderer
+from proxy.server.rendering.renderer import Renderer
 from proxy.server.sink import NO_SINK, EventSink
 
 

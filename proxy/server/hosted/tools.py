@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from proxy.config import Settings
+from proxy.config.settings import Settings
 from proxy.harmony.mcp import items
 from proxy.harmony.mcp.declare import Server
 from proxy.mcp import Limits, McpFailure, Policy, ToolCache, call_tool, credential_key, list_tools

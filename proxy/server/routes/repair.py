@@ -28,7 +28,7 @@ from starlette.types import Scope, Send
 from proxy.errors import ClientError, ProxyError, UnavailableError, UpstreamError
 from proxy.harmony.constraint import OutputConstraint
 from proxy.harmony.request.prepare import PreparedRequest
-from proxy.metrics import CLIENT_TIMEOUT
+from proxy.metrics.serving import CLIENT_TIMEOUT
 from proxy.server import asgi
 from proxy.server.compaction import compacting
 from proxy.server.deps import until_drained
@@ -143,7 +143,7 @@ async def serve_repaired(
             outcome = outcome_of(exchange)
         if disconnected and exchange.delivered:
             # The client had its whole answer and hung up while upstream's tail was read
-            # (`_release`): a finished response, not a disconnect.
+            # (`Frames.release`): a finished response, not a disconnect.
             outcome = outcome_of(exchange)
         elif disconnected:
             outcome = "client_disconnect"

@@ -38,7 +38,7 @@ from starlette.types import Receive, Scope, Send
 
 from proxy.errors import ClientError, ProxyError, UnavailableError, UpstreamError
 from proxy.harmony.history import chain as history
-from proxy.metrics_ws import WebSocketMetrics
+from proxy.metrics.websocket import WebSocketMetrics
 from proxy.server.deps import SHUTTING_DOWN
 from proxy.server.hosted.hosting import Hosting
 from proxy.server.outcome import outcome_of, report

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,7 +89,8 @@ class Background:
         self.runs[key] = run
         deps.metrics.background.set(len(self.runs))
         if self._listener is None or self._listener.done():
-            self._listener = asyncio.create_task(self._listen())
+            # A context of its own: its store reads belong to no request's trace.
+            self._listener = asyncio.create_task(self._listen(), context=contextvars.Context())
         return queued
 
     async def _traced(self, run: _Run) -> None:
