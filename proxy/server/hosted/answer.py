@@ -7,11 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from proxy.harmony.stream.events import TERMINAL_EVENTS
 from proxy.server.exchange import Exchange
 from proxy.server.hosted.loop import Loop
 from proxy.server.sink import EventSink
-
-_TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
 
 async def answer(loop: Loop, exchange: Exchange, sink: EventSink, *, generate: bool = True) -> None:
@@ -24,7 +23,7 @@ async def answer(loop: Loop, exchange: Exchange, sink: EventSink, *, generate: b
     async def emit(events: list[dict[str, Any]]) -> None:
         nonlocal started
         if recorder is not None and events:
-            if events[-1]["type"] in _TERMINAL:
+            if events[-1]["type"] in TERMINAL_EVENTS:
                 await recorder.finish(events)
             else:
                 recorder.add(events)

@@ -29,7 +29,7 @@ from typing import Any
 from proxy.errors import ProxyError
 from proxy.harmony.mcp import declare, items
 from proxy.harmony.request.prepare import PreparedRequest
-from proxy.harmony.stream.events import error_event
+from proxy.harmony.stream.events import TERMINAL_EVENTS, error_event
 from proxy.server.exchange import Exchange
 from proxy.server.hosted.plan import Plan, not_run
 from proxy.server.hosted.tools import Hosted
@@ -37,7 +37,6 @@ from proxy.server.hosted.tools import Hosted
 Event = dict[str, Any]
 Emit = Callable[[list[Event]], Awaitable[None]]
 Batches = AsyncGenerator[list[Event], None]
-_TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 _OPENING = frozenset({"response.created", "response.in_progress", "response.queued"})
 
 
@@ -167,7 +166,7 @@ class Loop:
                         if opening:
                             out.append(self._with_tools(event))
                         continue
-                    if kind in _TERMINAL:
+                    if kind in TERMINAL_EVENTS:
                         if opening and not self.output and self.plan.opening:
                             out += self._opening_events()
                         await self._write(emit, out)
