@@ -32,6 +32,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import harness
+from bench.tool_loop import TOOLS
 from proxy.harmony.reasoning_seal import ReasoningKeys
 from proxy.harmony.request import compaction
 from proxy.harmony.request.prepare import prepare_request
@@ -39,18 +40,6 @@ from proxy.simulator import SimulatorConfig, create_simulator_app, start_simulat
 
 MODEL = "openai/gpt-oss-120b"
 KEY = "k1:" + "MTExMTExMTExMTExMTExMTExMTExMTExMTExMTExMTE="  # 32 bytes of '1'
-TOOLS = [
-    {
-        "type": "function",
-        "name": "get_weather",
-        "description": "Current weather for a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    }
-]
 OUTPUT = "Sunny, 21 °C, light wind from the west; humidity 40 %. " * 6
 
 

@@ -36,7 +36,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import harness
-from proxy.config import Settings
+from proxy.config.settings import Settings
 from proxy.server.http.guard import Guard, Limits
 from proxy.server.processes.runner import loop_factory
 

@@ -52,8 +52,8 @@ STEPS = (
     ("encode one prompt (the BPE's caches)",
      "enc.encode('Where is my order #W2378156?', allowed_special='all')"),
     ("create the app (settings, metrics, routes)",
-     "from proxy import config; from proxy.server.app import create_app; "
-     "settings = config.load_settings({'PROXY_UPSTREAM_URL': 'http://127.0.0.1:9'}); "
+     "from proxy.config import sources; from proxy.server.app import create_app; "
+     "settings = sources.load_settings({'PROXY_UPSTREAM_URL': 'http://127.0.0.1:9'}); "
      "app = create_app(settings, enc)"),
     ("import the simulator", "import proxy.simulator"),
     ("import redis", "import redis"),

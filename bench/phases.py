@@ -98,7 +98,7 @@ class _Middleware:
 
 def _install() -> None:
     from proxy.server.processes import runner
-    from proxy.server.rendering import pool
+    from proxy.server.rendering import pool, renderer
     from proxy.server.stateful import state
 
     build = runner.create_app
@@ -107,8 +107,8 @@ def _install() -> None:
         return _Middleware(build(*args, **kwargs))
 
     runner.create_app = create_app  # type: ignore[assignment]
-    for renderer in (pool.RenderPool, pool.InlineRenderer):
-        renderer.prepare = _timed(renderer.prepare, "render", "rendered")  # type: ignore[method-assign]
+    for kind in (pool.RenderPool, renderer.InlineRenderer):
+        kind.prepare = _timed(kind.prepare, "render", "rendered")  # type: ignore[method-assign]
     state.Stateful.prepare = _timed(state.Stateful.prepare, "prepare", "prepared")  # type: ignore[method-assign]
     target = os.environ["BENCH_PHASES_FILE"]
 

@@ -34,11 +34,11 @@ from bench.prepare import INSTRUCTIONS, TOOLS, history
 from proxy import vocab
 from proxy.harmony.request.prefix import PrefixCache
 from proxy.harmony.request.prepare import prepare_request
-from proxy.server.rendering.pool import (
+from proxy.server.rendering.pool import RenderPool
+from proxy.server.rendering.renderer import (
     INLINE_MAX_BYTES,
     INLINE_MAX_OBJECTS,
     INLINE_MAX_RUN,
-    RenderPool,
     is_cheap,
     longest_run,
 )

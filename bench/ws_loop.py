@@ -34,22 +34,11 @@ from websockets.asyncio.client import connect
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import harness
+from bench.tool_loop import TOOLS
 from proxy.simulator import SimulatorConfig, create_simulator_app, start_simulator
 from proxy.sse import SSEDecoder
 
 MODEL = "gpt-oss-120b"
-TOOLS = [
-    {
-        "type": "function",
-        "name": "get_weather",
-        "description": "Current weather for a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    }
-]
 TERMINAL = ("response.completed", "response.failed", "response.incomplete")
 
 

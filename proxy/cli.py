@@ -19,7 +19,9 @@ from pathlib import Path
 
 from openai_harmony import HarmonyEncoding
 
-from proxy import config, vocab
+from proxy import vocab
+from proxy.config import sources
+from proxy.config.settings import Settings
 
 
 def _vocab_or_exit() -> Path:
@@ -49,14 +51,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from proxy.server.processes.cpus import resolve_workers
 
     try:
-        settings = config.load_settings(os.environ, args)
+        settings = sources.load_settings(os.environ, args)
         workers = resolve_workers(settings.workers)
         if workers > 1:
             from proxy.server.processes.worker import check_settings
 
             check_settings(settings, workers)
         _check_tracing(settings)
-    except (config.ConfigError, ValueError) as exc:
+    except (sources.ConfigError, ValueError) as exc:
         print(f"error: bad setting: {exc}", file=sys.stderr)
         return 2
     logger = logs.configure(settings.log_level, settings.log_format)
@@ -77,7 +79,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_tracing(settings: config.Settings) -> None:
+def _check_tracing(settings: Settings) -> None:
     """A traces protocol the proxy cannot export (OTEL_EXPORTER_OTLP_PROTOCOL=http/json) fails
     at start, like a bad setting (ValueError), not in each worker."""
     from proxy.tracing import TraceConfig
@@ -88,7 +90,7 @@ def _check_tracing(settings: config.Settings) -> None:
 
 
 def _supervise(
-    settings: config.Settings,
+    settings: Settings,
     workers: int,
     encoding: Callable[[], HarmonyEncoding],
     logger: logging.Logger,
@@ -120,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the proxy",
         description="Run the proxy. Every flag also reads PROXY_<NAME> and the config file.",
     )
-    config.add_arguments(serve)
+    sources.add_arguments(serve)
     serve.set_defaults(handler=_cmd_serve)
     # Listed for --help; `main` hands them their arguments before this parser runs.
     commands.add_parser("simulate", help="run the trtllm-serve simulator (see simulate --help)")

@@ -25,7 +25,8 @@ import uvicorn
 from openai_harmony import HarmonyEncoding
 
 from proxy import vocab
-from proxy.config import Settings
+from proxy.config.settings import Settings
+from proxy.harmony.stream.events import TERMINAL_EVENTS
 from proxy.server.app import create_app
 from proxy.server.processes.runner import QuietServer
 from proxy.sse import SSEDecoder
@@ -64,7 +65,7 @@ def read_events(events: Sequence[dict[str, Any]]) -> Seen:
             seen.streamed["reasoning"] += event["delta"]
         elif kind == "response.output_text.delta":
             seen.streamed["answer"] += event["delta"]
-        elif kind in ("response.completed", "response.incomplete", "response.failed"):
+        elif kind in TERMINAL_EVENTS:
             seen.terminal = kind
             for item in event["response"]["output"]:
                 texts = "".join(part.get("text", "") for part in item.get("content") or [])

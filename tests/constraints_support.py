@@ -16,7 +16,7 @@ from openai_harmony import HarmonyEncoding
 from prometheus_client import CollectorRegistry
 from starlette.types import Receive, Scope, Send
 
-from proxy.config import Settings
+from proxy.config.settings import Settings
 from proxy.server.app import create_app
 from proxy.server.deps import ServerState
 from proxy.simulator.app import create_simulator_app

@@ -59,6 +59,12 @@ class LiveServer:
         try:
             self.loop.run_until_complete(self.server.serve(sockets=[self._socket]))
         finally:
+            # As `asyncio.run` ends: tasks the app left running (a library's watcher) are
+            # cancelled, not destroyed pending with the loop.
+            left = asyncio.all_tasks(self.loop)
+            for task in left:
+                task.cancel()
+            self.loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
             self.loop.run_until_complete(self.loop.shutdown_asyncgens())
             self.loop.close()
 

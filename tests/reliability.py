@@ -29,7 +29,7 @@ import orjson
 from openai_harmony import HarmonyEncoding
 from prometheus_client import CollectorRegistry
 
-from proxy.config import Settings
+from proxy.config.settings import Settings
 from proxy.harmony.request.prepare import prepare_request
 from proxy.harmony.response import CountingIds
 from proxy.server.app import create_app

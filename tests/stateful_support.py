@@ -12,7 +12,7 @@ from openai import OpenAI
 from openai_harmony import HarmonyEncoding
 from starlette.applications import Starlette
 
-from proxy.config import Settings
+from proxy.config.settings import Settings
 from proxy.server.app import create_app
 from proxy.simulator.app import create_simulator_app
 from proxy.simulator.config import SimulatorConfig

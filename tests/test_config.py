@@ -8,17 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config import (
-    FIELDS,
-    ConfigError,
-    Settings,
-    _parse,
-    _toml,
-    example_toml,
-    load_settings,
-    parse_flags,
-    settings_table,
-)
+from proxy.config.generated import _toml, example_toml, settings_table
+from proxy.config.settings import Settings
+from proxy.config.sources import FIELDS, ConfigError, _parse, load_settings, parse_flags
 
 ROOT = Path(__file__).parent.parent
 
@@ -94,7 +86,7 @@ def test_docs_table_and_example_config_list_every_setting() -> None:
     example = (ROOT / "config" / "proxy.example.toml").read_text()
     assert example == example_toml(), (
         "config/proxy.example.toml is stale: regenerate it with .venv/bin/python -c "
-        "'from proxy.config import example_toml; print(example_toml(), end=\"\")' "
+        "'from proxy.config.generated import example_toml; print(example_toml(), end=\"\")' "
         "> config/proxy.example.toml"
     )
     for field in FIELDS:

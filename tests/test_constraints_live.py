@@ -18,7 +18,7 @@ import openai
 import pytest
 from openai_harmony import HarmonyEncoding
 
-from proxy.config import Settings
+from proxy.config.settings import Settings
 from proxy.harmony.constraint import CONSTRAINT_VIOLATED
 from proxy.server.capability import decoder, with_setting
 from proxy.server.processes.runner import simulated_upstream

@@ -18,7 +18,7 @@ import pytest
 from openai import OpenAI
 from openai_harmony import HarmonyEncoding
 
-from proxy.config import Settings
+from proxy.config.settings import Settings
 from proxy.store.memory import MemoryStore
 from tests.conversations_support import SpecLog, dumped_items
 from tests.stateful_support import LONG, MODEL, TOOLS, Stack, dumped, first_events, stack, until

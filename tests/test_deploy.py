@@ -29,8 +29,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy import vocab
-from proxy.config import FIELDS, Settings, load_settings
-from proxy.metrics import Metrics
+from proxy.config.settings import Settings
+from proxy.config.sources import FIELDS, load_settings
+from proxy.metrics.serving import Metrics
 from proxy.server.app import create_app
 from proxy.server.processes import runner as server
 from proxy.server.processes.cpus import usable_cpus

@@ -19,7 +19,7 @@ PAGES = sorted(
     ]
 )
 #: Scripts in bench/ that other benchmarks use and that print no figures of their own.
-BENCH_HELPERS = {"__init__", "harness", "byte_relay", "replay_upstream"}
+BENCH_HELPERS = {"__init__", "harness", "byte_relay", "replay_upstream", "tool_loop"}
 #: The README is for a user: what it is, how to run it, where the details are.
 README_MAX_LINES = 250
 

@@ -19,7 +19,7 @@ import pytest
 from openai import BadRequestError, OpenAI
 from openai_harmony import HarmonyEncoding
 
-from proxy.config import Settings
+from proxy.config.settings import Settings
 from proxy.server.app import create_app
 from proxy.simulator.app import create_simulator_app
 from proxy.simulator.completion_frames import ranked, safe_decode, sampled_rank, token_logprob

@@ -156,6 +156,14 @@ def test_carried_items_are_read_out_of_the_input() -> None:
     assert carry.pending_answers(carried) == [(request, True)]
     ran = items.call_item("mcp_2", "srv", "write", '{"a":1}', approval_request_id="mcpr_1")
     assert carry.pending_answers(carry.carry([request, answer, ran])) == []
+    # A denial is told in its place, however many requests carry it later; nothing to run.
+    denied = {**answer, "approve": False}
+    reply = {"type": "message", "role": "assistant", "content": "declined, so…"}
+    later = carry.carry([user, request, denied, reply, user])
+    assert carry.pending_answers(later) == []
+    kinds = [item.get("type") or item["role"] for item in later.items]
+    assert kinds == ["user", "function_call", "function_call_output", "message", "user"]
+    assert later.items[2]["output"] == "error: the user declined this call"
     with pytest.raises(ClientError) as refused:
         carry.carry([{**answer, "approval_request_id": "mcpr_x"}])
     assert refused.value.param == "input[0].approval_request_id"

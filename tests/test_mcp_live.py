@@ -201,6 +201,52 @@ def test_refusals_are_400_with_a_clear_code(live: Stack, server_url: str) -> Non
     assert bad.value.code == "missing_required_parameter"
 
 
+@pytest.mark.parametrize(
+    ("item", "param"),
+    [
+        (
+            {"type": "mcp_list_tools", "server_label": "tools", "tools": [{}]},
+            "input[0].tools[0].name",
+        ),
+        (
+            {"type": "mcp_list_tools", "server_label": "tools", "tools": [{"name": 5}]},
+            "input[0].tools[0].name",
+        ),
+        (
+            {
+                "type": "mcp_list_tools",
+                "server_label": "tools",
+                "tools": [{"name": "a", "input_schema": "x"}],
+            },
+            "input[0].tools[0].input_schema",
+        ),
+        ({"type": "mcp_list_tools", "server_label": "tools", "tools": ["a"]}, "input[0].tools[0]"),
+        (
+            {
+                "type": "mcp_call",
+                "server_label": "tools",
+                "name": "echo",
+                "arguments": "{}",
+                "id": "mcp_1",
+                "approval_request_id": ["x"],
+            },
+            "input[0].approval_request_id",
+        ),
+    ],
+)
+def test_malformed_carried_mcp_items_are_400_naming_the_field(
+    live: Stack, server_url: str, item: dict[str, Any], param: str
+) -> None:
+    for stream in (False, True):
+        answer = httpx.post(
+            live.proxy.url + "/v1/responses",
+            json={"model": MODEL, "input": [item], "tools": [mcp(server_url)], "stream": stream},
+            timeout=30,
+        )
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"]["param"] == param
+
+
 def test_private_addresses_are_refused_unless_allowed(
     encoding: HarmonyEncoding, server_url: str
 ) -> None:

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from proxy.metrics_batch import BATCH_FRAMES, HistogramBatch
+from proxy.metrics.batch import BATCH_FRAMES, HistogramBatch
 
 BUCKETS = (0, 1, 2.5, 20, 256)
 VALUES = st.one_of(

@@ -19,11 +19,11 @@ from openai_harmony import HarmonyEncoding
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.config import Settings
+from proxy.config.settings import Settings
 from proxy.harmony.constraint import CONSTRAINT_KINDS
 from proxy.harmony.stream.events import ITEM_EVENT_TYPES
 from proxy.harmony.stream.record import MALFORMED_KINDS
-from proxy.metrics import COMPACTION_TRIGGERS, HTTP_LIMIT_KINDS, UPSTREAM_ERROR_KINDS
+from proxy.metrics.serving import COMPACTION_TRIGGERS, HTTP_LIMIT_KINDS, UPSTREAM_ERROR_KINDS
 from proxy.server.app import create_app
 from tests.deploy_support import dashboard_queries, rule_queries, substitute
 from tests.live import LiveServer

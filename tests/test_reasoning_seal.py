@@ -14,7 +14,8 @@ import orjson
 import pytest
 from openai_harmony import HarmonyEncoding
 
-from proxy.config import ConfigError, Settings, load_settings
+from proxy.config.settings import Settings
+from proxy.config.sources import ConfigError, load_settings
 from proxy.errors import ClientError
 from proxy.harmony.reasoning_seal import ReasoningKeys, SealError, parse_keys
 from proxy.harmony.request.prepare import prepare_request

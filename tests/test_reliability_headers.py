@@ -18,7 +18,7 @@ import pytest
 from openai_harmony import HarmonyEncoding
 from starlette.types import Receive, Scope, Send
 
-from proxy.config import Settings
+from proxy.config.settings import Settings
 from proxy.logs import FIELD_CHARS, JsonFormatter, TextFormatter
 from proxy.server.http.forwarding import ForwardingMiddleware
 from proxy.server.http.guard import Guard, Limits

@@ -20,7 +20,7 @@ import orjson
 import pytest
 from openai_harmony import HarmonyEncoding
 
-from proxy.config import Settings
+from proxy.config.settings import Settings
 from tests.rawhttp import Read, exchange, parse, port_of, read_async, request
 from tests.reliability import (
     FAST_SIM,

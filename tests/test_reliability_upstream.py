@@ -22,7 +22,7 @@ import pytest
 from openai_harmony import HarmonyEncoding
 from prometheus_client import CollectorRegistry, generate_latest
 
-from proxy.metrics import UPSTREAM_ERROR_KINDS, Metrics
+from proxy.metrics.serving import UPSTREAM_ERROR_KINDS, Metrics
 from tests.live import LiveServer
 from tests.reliability import (
     Proxy,

@@ -21,12 +21,12 @@ from proxy.errors import ClientError
 from proxy.harmony.request.prefix import PrefixCache
 from proxy.harmony.request.prepare import PreparedRequest, prepare_request
 from proxy.server.rendering import worker as render_worker
-from proxy.server.rendering.pool import (
+from proxy.server.rendering.pool import RenderPool
+from proxy.server.rendering.renderer import (
     INLINE_MAX_BYTES,
     INLINE_MAX_OBJECTS,
     INLINE_MAX_RUN,
     InlineRenderer,
-    RenderPool,
     is_cheap,
     longest_run,
 )

@@ -14,7 +14,7 @@ import pytest
 from openai import OpenAI
 from openai_harmony import HarmonyEncoding
 
-from proxy.config import Settings
+from proxy.config.settings import Settings
 from proxy.server.app import create_app
 from proxy.simulator.app import create_simulator_app
 from proxy.simulator.config import SimulatorConfig

@@ -16,7 +16,7 @@ import pytest
 from openai import OpenAI
 from openai_harmony import HarmonyEncoding
 
-from proxy.config import Settings
+from proxy.config.settings import Settings
 from proxy.harmony.request.prepare import prepare_request
 from proxy.harmony.response import CountingIds
 from proxy.server.app import create_app

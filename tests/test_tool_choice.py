@@ -17,7 +17,7 @@ import pytest
 from openai import OpenAI
 from openai_harmony import HarmonyEncoding
 
-from proxy.config import Settings
+from proxy.config.settings import Settings
 from proxy.errors import ClientError
 from proxy.harmony.request.guided import ANALYSIS, FINAL, PREAMBLE, call_header
 from proxy.harmony.request.prepare import prepare_request

@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 from websockets.sync.client import connect
 
-from proxy.config import Settings
+from proxy.config.settings import Settings
 from proxy.server.app import create_app
 from proxy.simulator.app import create_simulator_app
 from proxy.simulator.config import SimulatorConfig
@@ -297,7 +297,7 @@ def test_off_imports_nothing_of_opentelemetry() -> None:
             if name.startswith("OTEL_"):
                 del os.environ[name]
         from starlette.testclient import TestClient
-        from proxy.config import Settings
+        from proxy.config.settings import Settings
         from proxy.server.app import create_app
         from proxy.vocab import ensure_vocab, load_encoding
         settings = Settings(upstream_url="http://127.0.0.1:9", render_workers=0,
@@ -456,6 +456,40 @@ def test_a_hosted_mcp_call_is_a_client_span_under_its_request(encoding: HarmonyE
     assert attributes["proxy.mcp.server"] == "tools"
     assert "mcp-secret" not in every_attribute(spans)
     assert url not in every_attribute([call])
+
+
+def test_a_hosted_mcp_call_of_a_websocket_turn_is_a_client_span_in_the_turns_trace(
+    encoding: HarmonyEncoding,
+) -> None:
+    tool = {
+        "type": "mcp",
+        "server_label": "tools",
+        "require_approval": "never",
+        "allowed_tools": ["echo"],
+        "headers": {"authorization": "Bearer mcp-secret"},
+    }
+    with (
+        mcp_server() as url,
+        traced(
+            encoding, mcp_allowed_servers=("127.0.0.1",), mcp_allow_private_addresses=True
+        ) as stack,
+    ):
+        with connect(stack.proxy.url.replace("http://", "ws://") + "/v1/responses") as socket:
+            create = {"type": "response.create", "model": MODEL, "input": "over the socket"}
+            socket.send(json.dumps({**create, "tools": [{**tool, "server_url": url}]}))
+            kinds: list[str] = []
+            while kinds[-1:] != ["response.completed"]:
+                kinds.append(json.loads(socket.recv(timeout=10))["type"])
+                assert kinds[-1] not in TERMINAL - {"response.completed"}, kinds
+        spans = stack.spans(4)  # the handshake's ends with the socket
+    assert "response.mcp_call.completed" in kinds
+    turn = next(s for s in spans if s.name == f"chat {MODEL}" and s.parent is None)
+    call = by_name(spans, "mcp echo")
+    assert call.kind is SpanKind.CLIENT
+    assert call.context is not None
+    assert turn.context is not None
+    assert call.context.trace_id == turn.context.trace_id
+    assert "mcp-secret" not in every_attribute(spans)
 
 
 def test_the_background_cancel_listener_makes_no_spans_in_a_request_trace(

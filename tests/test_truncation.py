@@ -9,7 +9,7 @@ import httpx
 import pytest
 from openai_harmony import Conversation, HarmonyEncoding, Message, Role
 
-from proxy.config import Settings
+from proxy.config.settings import Settings
 from proxy.errors import ClientError
 from proxy.harmony.request.fit import fit_prompt
 from proxy.harmony.request.items import input_messages

@@ -17,6 +17,7 @@ from tests.agents_support import MODEL as AGENT_MODEL
 from tests.agents_support import weather_agent
 from tests.live import LiveServer
 from tests.reliability import Proxy, running_proxy
+from tests.stateful_support import TOOLS
 
 SIM = SimulatorConfig(stream_interval=4, token_seconds=0.0005, first_token_seconds=0.001)
 MODEL = "gpt-oss-120b"
@@ -60,18 +61,7 @@ def test_responses_connect_answers_a_turn_with_the_events_of_the_sse_stream(prox
 def test_a_tool_loop_continues_the_connections_last_response_with_store_false(
     proxy: Proxy,
 ) -> None:
-    tools: Any = [
-        {
-            "type": "function",
-            "name": "get_weather",
-            "description": "Current weather for a city.",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        }
-    ]
+    tools = TOOLS
     with client_of(proxy) as client, client.responses.connect() as connection:
         first = one_turn(
             connection, model=MODEL, input="Weather in Paris?", tools=tools, store=False

@@ -16,7 +16,8 @@ import orjson
 import pytest
 
 from proxy import logs
-from proxy.config import ConfigError, Settings, load_settings
+from proxy.config.settings import Settings
+from proxy.config.sources import ConfigError, load_settings
 from proxy.server.processes import multiproc
 from proxy.server.processes.cpus import cgroup_quota, resolve_workers, usable_cpus
 from proxy.server.processes.worker import WorkerSpec, bind_socket, check_settings, read_spec
@@ -240,10 +241,10 @@ def test_a_waiter_sees_every_commit_of_another_connection(tmp_path: Path) -> Non
 
 def test_every_gauge_says_how_workers_combine() -> None:
     """A gauge left at prometheus_client's default (`all`) would export one series per worker
-    pid under a `pid` label, which no dashboard or alert expects (proxy/metrics.py)."""
+    pid under a `pid` label, which no dashboard or alert expects (proxy/metrics/)."""
     from prometheus_client import CollectorRegistry, Gauge
 
-    from proxy.metrics import Metrics
+    from proxy.metrics.serving import Metrics
 
     registry = CollectorRegistry()
     Metrics(registry)
@@ -261,12 +262,12 @@ def test_every_gauge_says_how_workers_combine() -> None:
 _OBSERVER = """
 import sys
 from prometheus_client import CollectorRegistry
-from proxy.metrics import Metrics
-from proxy.metrics_batch import HistogramBatch
+from proxy.metrics.serving import Metrics
+from proxy.metrics.batch import HistogramBatch
 from proxy.server.processes import multiproc
 multiproc.check_active()
 metrics = Metrics(CollectorRegistry())
-batch = HistogramBatch(metrics.tokens_per_frame)
+batch = HistogramBatch(metrics.repair.tokens_per_frame)
 for value in map(float, sys.argv[1:]):
     batch.observe(value)
 batch.flush()
@@ -277,7 +278,7 @@ _SCRAPER = """
 import sys
 import orjson
 from pathlib import Path
-from proxy.metrics import Metrics
+from proxy.metrics.serving import Metrics
 from proxy.server.processes import multiproc
 registry = multiproc.shared_registry(Path(sys.argv[1]))
 Metrics(registry)
@@ -295,11 +296,11 @@ def _frame_histogram(values: list[float]) -> dict[str, float]:
     """The samples `observe` gives in one process (what the sum over workers must equal)."""
     from prometheus_client import CollectorRegistry
 
-    from proxy.metrics import Metrics
+    from proxy.metrics.serving import Metrics
 
     metrics = Metrics(registry := CollectorRegistry())
     for value in values:
-        metrics.tokens_per_frame.observe(value)
+        metrics.repair.tokens_per_frame.observe(value)
     return {
         f"{s.name}{sorted(s.labels.items())}": s.value
         for metric in registry.collect()
@@ -310,7 +311,7 @@ def _frame_histogram(values: list[float]) -> dict[str, float]:
 
 
 def test_batched_histograms_reach_the_files_and_sum_over_workers(tmp_path: Path) -> None:
-    """The frame histograms are added in batches (metrics_batch.HistogramBatch) straight
+    """The frame histograms are added in batches (metrics/batch.py, `HistogramBatch`) straight
     to the histogram's values, which in a worker are memory-mapped files; a scrape sums every
     process's files into what one process observing everything would export."""
     import os

@@ -23,7 +23,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Mount, Route, WebSocketRoute, request_response
 
-from proxy.config import Settings
+from proxy.config.settings import Settings
 from proxy.server.http.forwarding import ForwardingMiddleware
 from proxy.server.http.spans import ServerSpans
 from proxy.server.lifespan import lifespan

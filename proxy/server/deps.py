@@ -13,15 +13,15 @@ from typing import TypeVar
 
 from openai_harmony import HarmonyEncoding
 
-from proxy.config import Settings
+from proxy.config.settings import Settings
 from proxy.errors import UnavailableError
 from proxy.harmony.reasoning_seal import ReasoningKeys
 from proxy.harmony.request.prefix import PrefixCache
 from proxy.harmony.response import IdFactory
 from proxy.harmony.stream.parser import TokenTable
-from proxy.metrics import Metrics
-from proxy.metrics_genai import GenAIMetrics
-from proxy.server.rendering.pool import Renderer
+from proxy.metrics.genai import GenAIMetrics
+from proxy.metrics.serving import Metrics
+from proxy.server.rendering.renderer import Renderer
 from proxy.tracing import Tracing
 from proxy.upstream.client import Upstream
 from proxy.upstream.probe import Capability
@@ -89,7 +89,7 @@ class RepairDeps:
     tokens: TokenTable | None = None
     clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
-    #: The GenAI server histograms (metrics_genai.py); None: not counted.
+    #: The GenAI server histograms (metrics/genai.py); None: not counted.
     genai: GenAIMetrics | None = None
     #: Traces (proxy/tracing.py); None: off, and no span is made.
     tracing: Tracing | None = None

@@ -27,8 +27,9 @@ from proxy.errors import ProxyError, UpstreamError
 from proxy.harmony.constraint import CONSTRAINT_VIOLATED
 from proxy.harmony.request.prepare import PreparedRequest
 from proxy.harmony.response import ResponseContext
+from proxy.harmony.stream.events import TERMINAL_EVENTS
 from proxy.harmony.stream.repair import ResponseStream
-from proxy.metrics_batch import HistogramBatch
+from proxy.metrics.batch import HistogramBatch
 from proxy.server import asgi
 from proxy.server.deadline import Deadline
 from proxy.server.deps import SHUTTING_DOWN, RepairDeps, until_drained
@@ -266,10 +267,10 @@ class Exchange:
         `asyncio.wait` per frame. The drain's end expires the current wait at once."""
         deps, settings, core = self.deps, self.deps.settings, self.core
         state = deps.state
-        # Two histograms per frame, observed in batches (metrics_batch.HistogramBatch): a
+        # Two histograms per frame, observed in batches (metrics/batch.py, `HistogramBatch`): a
         # prometheus_client `observe` takes its locks, ~2 µs, and frames come by the thousand.
         overhead = HistogramBatch(deps.metrics.frame_overhead)
-        frame_tokens = HistogramBatch(deps.metrics.tokens_per_frame)
+        frame_tokens = HistogramBatch(deps.metrics.repair.tokens_per_frame)
         # One lazily re-armed timer for all the waits, not an `asyncio.timeout` per frame
         # (~14 µs each); the drain's end expires the current wait through it.
         waits = Deadline()
@@ -392,8 +393,5 @@ class Exchange:
             self.first_content = self.deps.monotonic()
             self.deps.metrics.first_content.observe(self.first_content - self.started)
         last = events[-1] if events else None
-        if last is not None and last["type"] in _TERMINAL:
+        if last is not None and last["type"] in TERMINAL_EVENTS:
             self.snapshot = last["response"]
-
-
-_TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})

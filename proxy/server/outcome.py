@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy import metrics_genai as genai
 from proxy.harmony.stream.record import RepairRecord
+from proxy.metrics import genai
 from proxy.server.deps import RepairDeps
 from proxy.server.exchange import Exchange
 from proxy.tracing import Tracing, event_time
@@ -48,9 +48,9 @@ def report(
             output_tokens=record.output_tokens,
             exemplar=None if deps.tracing is None else deps.tracing.exemplar(),
         )
-    metrics.observe_record(record)
+    metrics.repair.observe(record)
     if exchange.selfcheck.problem is not None and exchange.core.ended:
-        metrics.selfcheck_failures.inc()
+        metrics.repair.selfcheck_failures.inc()
     if deps.tracing is not None:
         trace(deps.tracing, deps, exchange, outcome, record)
     content: dict[str, Any] = {}

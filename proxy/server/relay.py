@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from starlette.types import Scope, Send
 
 from proxy.errors import ProxyError, UpstreamError
-from proxy.metrics import CLIENT_TIMEOUT, Metrics
+from proxy.metrics.serving import CLIENT_TIMEOUT, Metrics
 from proxy.server import asgi
 from proxy.server.deps import ServerState, until_drained
 from proxy.tracing import Tracing

@@ -13,12 +13,13 @@ import zlib
 from collections.abc import Iterable
 from typing import Any
 
+from proxy.harmony.stream.events import TERMINAL_EVENTS
+
 _TEXT_DONE = {
     "response.output_text.done": "text",
     "response.reasoning_text.done": "text",
     "response.function_call_arguments.done": "arguments",
 }
-_TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
 
 def _crc(text: str, previous: int = 0) -> int:
@@ -55,7 +56,7 @@ class SelfCheck:
                 self._done[item["id"]] = _crc(_item_text(item))
                 if self._done[item["id"]] != self._deltas.get(item["id"], 0):
                     self._fail("output_item.done text differs from its deltas")
-            elif kind in _TERMINAL:
+            elif kind in TERMINAL_EVENTS:
                 output = event["response"].get("output") or []
                 if [item.get("id") for item in output] != list(self._done):
                     self._fail("terminal snapshot items differ from the done items")

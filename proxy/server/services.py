@@ -18,19 +18,20 @@ from typing import Any, TypedDict, Unpack
 from openai_harmony import HarmonyEncoding
 from prometheus_client import CollectorRegistry
 
-from proxy.config import Settings
+from proxy.config.settings import Settings
 from proxy.harmony.reasoning_seal import ReasoningKeys
 from proxy.harmony.request.prefix import PrefixCache
 from proxy.harmony.response import IdFactory, random_id
 from proxy.harmony.stream.parser import TokenTable
 from proxy.logs import get_logger
-from proxy.metrics import Metrics
-from proxy.metrics_genai import GenAIMetrics
-from proxy.metrics_ws import WebSocketMetrics
+from proxy.metrics.genai import GenAIMetrics
+from proxy.metrics.serving import Metrics
+from proxy.metrics.websocket import WebSocketMetrics
 from proxy.server.deps import RepairDeps, ServerState
 from proxy.server.hosted.tools import Hosted
 from proxy.server.http.budget import BodyBudget
-from proxy.server.rendering.pool import Renderer, default_renderer
+from proxy.server.rendering.pool import default_renderer
+from proxy.server.rendering.renderer import Renderer
 from proxy.server.rendering.worker import RenderOptions
 from proxy.server.stateful.background import Background
 from proxy.server.stateful.state import Stateful

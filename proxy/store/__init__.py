@@ -63,7 +63,7 @@ EMBEDDED_FILE = "store.sqlite3"
 
 
 def check_store_url(value: str) -> str:
-    """Validate a `store_url` setting (config.py); ValueError naming what is accepted."""
+    """Validate a `store_url` setting (config/settings.py); ValueError naming what is accepted."""
     if value in (EMBEDDED, OFF):
         return value
     parts = urlsplit(value)

@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from proxy.metrics import Metrics
+from proxy.metrics.serving import Metrics
 from proxy.store.base import Entry, Op, Stats, Store, StoreError
 from proxy.tracing import Tracing
 
@@ -54,16 +54,16 @@ class Measured(Store):
         try:
             result = await work
         except StoreError:
-            self._metrics.store_errors.labels(op).inc()
+            self._metrics.store.errors.labels(op).inc()
             raise
         if timed:
-            self._metrics.store_seconds.labels(op).observe(self._monotonic() - started)
+            self._metrics.store.seconds.labels(op).observe(self._monotonic() - started)
         return result
 
     async def apply(self, ops: Sequence[Op]) -> int:
         evicted = await self._measure("apply", self.inner.apply(ops))
         if evicted:
-            self._metrics.store_evictions.labels("size").inc(evicted)
+            self._metrics.store.evictions.labels("size").inc(evicted)
         return evicted
 
     async def get_many(self, scope: str, keys: Sequence[str]) -> list[Entry | None]:
@@ -86,13 +86,13 @@ class Measured(Store):
     async def sweep(self, now: float) -> int:
         gone = await self._measure("sweep", self.inner.sweep(now))
         if gone:
-            self._metrics.store_evictions.labels("ttl").inc(gone)
+            self._metrics.store.evictions.labels("ttl").inc(gone)
         return gone
 
     async def stats(self) -> Stats:
         stats = await self._measure("stats", self.inner.stats())
-        self._metrics.store_responses.set(stats.entries)
-        self._metrics.store_bytes.set(stats.bytes)
+        self._metrics.store.responses.set(stats.entries)
+        self._metrics.store.bytes.set(stats.bytes)
         return stats
 
     async def ping(self) -> None:

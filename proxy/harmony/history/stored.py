@@ -28,7 +28,6 @@ from proxy.harmony.stream import events as ev
 
 #: Event types that end a stream (a cancelled response ends with `response.failed` whose
 #: response has status `cancelled`: OpenAI's event set has no `response.cancelled`).
-TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 #: Statuses of a response that has not ended yet.
 RUNNING = frozenset({"queued", "in_progress"})
 
@@ -94,7 +93,7 @@ def as_it_stands(response: dict[str, Any], events: Sequence[dict[str, Any]]) -> 
     items: dict[int, dict[str, Any]] = {}
     for event in events:
         kind = event["type"]
-        if kind in TERMINAL_EVENTS:
+        if kind in ev.TERMINAL_EVENTS:
             ended: dict[str, Any] = event["response"]
             return ended
         if kind in ("response.created", "response.in_progress", "response.queued"):

@@ -3,7 +3,10 @@
 `mcp_list_tools` items say what a server listed: reused for that server label instead of
 listing again, as OpenAI's API does across a chain. An `mcp_call` goes to the model as the call
 and its result. An `mcp_approval_request` is what the model asked for; an
-`mcp_approval_response` answers one — the shell runs (or denies) that call before generating.
+`mcp_approval_response` answers one. A denial is the call and its "declined" result, in the
+answer's place (in every later request of a chain or a WebSocket session too, as it leaves no
+output item); an approval not yet acted on (no `mcp_call` names it) is run by the shell before
+generating.
 What remains goes to the request renderer, which knows none of the `mcp_*` types.
 """
 
@@ -13,8 +16,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.harmony.mcp.items import as_input
-from proxy.harmony.request.check import at, fail, missing, present, want_bool, want_str
+from proxy.harmony.mcp.items import as_input, declined_call
+from proxy.harmony.request.check import (
+    at,
+    fail,
+    missing,
+    present,
+    want_bool,
+    want_list,
+    want_object,
+    want_str,
+)
 
 MCP_TYPES = frozenset(
     {"mcp_list_tools", "mcp_call", "mcp_approval_request", "mcp_approval_response"}
@@ -24,8 +36,8 @@ MCP_TYPES = frozenset(
 @dataclass(slots=True)
 class Carried:
     """`items`: the input without `mcp_*` items (calls turned into call + output); `listed`:
-    the last listing per server label; `requests`: approval requests by id; `answers`: approval
-    responses (`approval_request_id`, `approve`) in order, those not yet acted on."""
+    the last listing per server label; `requests`: approval requests by id; `answers`: approvals
+    (`approval_request_id`, True) in order, those not yet acted on."""
 
     items: list[Any] = field(default_factory=list)
     listed: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
@@ -40,6 +52,7 @@ def carry(value: Any) -> Carried:
         carried.items = value
         return carried
     answered: set[str] = set()
+    declined: set[str] = set()
     for index, item in enumerate(value):
         kind = present(item, "type") if isinstance(item, dict) else None
         if kind not in MCP_TYPES:
@@ -49,13 +62,14 @@ def carry(value: Any) -> Carried:
         if kind == "mcp_list_tools":
             label = want_str(_required(item, "server_label", path), at(path, "server_label"))
             tools = present(item, "tools")
-            if isinstance(tools, list) and not present(item, "error"):
-                carried.listed[label] = [tool for tool in tools if isinstance(tool, dict)]
+            if tools is not None and not present(item, "error"):
+                carried.listed[label] = _listed(tools, at(path, "tools"))
         elif kind == "mcp_call":
             for key in ("server_label", "name", "arguments", "id"):
                 want_str(_required(item, key, path), at(path, key))
-            if present(item, "approval_request_id"):
-                answered.add(item["approval_request_id"])
+            answer_to = present(item, "approval_request_id")
+            if answer_to is not None:
+                answered.add(want_str(answer_to, at(path, "approval_request_id")))
             carried.items.extend(as_input(item))
         elif kind == "mcp_approval_request":
             for key in ("server_label", "name", "arguments", "id"):
@@ -73,7 +87,11 @@ def carry(value: Any) -> Carried:
                     "no mcp_approval_request with this id precedes it in the input or the "
                     "previous responses",
                 )
-            if all(request_id != known for known, _ in carried.answers):
+            if not approve:
+                if request_id not in declined:
+                    declined.add(request_id)
+                    carried.items.extend(as_input(declined_call(carried.requests[request_id])))
+            elif all(request_id != known for known, _ in carried.answers):
                 carried.answers.append((request_id, approve))
     # An answer a later `mcp_call` acted on (by its `approval_request_id`) is done.
     carried.answers = [answer for answer in carried.answers if answer[0] not in answered]
@@ -81,8 +99,23 @@ def carry(value: Any) -> Carried:
 
 
 def pending_answers(carried: Carried) -> list[tuple[dict[str, Any], bool]]:
-    """The approval requests answered and not yet run, with the answer."""
+    """The approval requests approved and not yet run, with the answer (True)."""
     return [(carried.requests[request_id], approve) for request_id, approve in carried.answers]
+
+
+def _listed(tools: Any, path: str) -> list[dict[str, Any]]:
+    """A carried listing's tools, checked as the model will see them (they are rendered)."""
+    listed = []
+    for number, tool in enumerate(want_list(tools, path)):
+        where = at(path, number)
+        tool = want_object(tool, where)
+        want_str(_required(tool, "name", where), at(where, "name"))
+        if present(tool, "input_schema") is not None:
+            want_object(tool["input_schema"], at(where, "input_schema"))
+        if present(tool, "description") is not None:
+            want_str(tool["description"], at(where, "description"))
+        listed.append(tool)
+    return listed
 
 
 def _required(item: dict[str, Any], key: str, path: str) -> Any:

@@ -58,6 +58,42 @@ def call_item(
     }
 
 
+def unrun_call_item(
+    item_id: str,
+    label: str,
+    name: str,
+    arguments: str,
+    reason: str,
+    *,
+    approval_request_id: str | None = None,
+) -> Item:
+    """A call the model made that is not run (a budget spent): `incomplete`, `reason` its
+    error, so the response shows it."""
+    return call_item(
+        item_id,
+        label,
+        name,
+        arguments,
+        status="incomplete",
+        error=call_error(PROTOCOL_ERROR, reason),
+        approval_request_id=approval_request_id,
+    )
+
+
+def declined_call(request: Mapping[str, Any]) -> Item:
+    """The call an `mcp_approval_request` asked for, declined by the user (what the model is
+    told; never an output item)."""
+    return call_item(
+        request["id"],
+        request["server_label"],
+        request["name"],
+        request["arguments"],
+        status="failed",
+        error=call_error(TOOL_ERROR, "the user declined this call"),
+        approval_request_id=request["id"],
+    )
+
+
 def call_error(kind: str, message: str) -> dict[str, Any]:
     """An `mcp_call` error object (`MCPToolExecutionError` or `MCPProtocolError`)."""
     if kind == TOOL_ERROR:
@@ -127,6 +163,28 @@ def call_end_events(output_index: int, item: Item) -> list[Event]:
     stage = "failed" if item.get("error") is not None else "completed"
     return [
         _stage("mcp_call", stage, output_index, item["id"]),
+        item_event("done", output_index, item),
+    ]
+
+
+def unrun_call_events(output_index: int, item: Item) -> list[Event]:
+    """A call not run: added, its arguments, done — no `mcp_call.in_progress`, as it never
+    ran."""
+    item_id = item["id"]
+    return [
+        item_event("added", output_index, item),
+        {
+            "type": "response.mcp_call_arguments.delta",
+            "output_index": output_index,
+            "item_id": item_id,
+            "delta": item["arguments"],
+        },
+        {
+            "type": "response.mcp_call_arguments.done",
+            "output_index": output_index,
+            "item_id": item_id,
+            "arguments": item["arguments"],
+        },
         item_event("done", output_index, item),
     ]
 

@@ -7,18 +7,18 @@ chat-completions parameter such as `seed`, `stop` or `frequency_penalty` — is 
 answers it (fixture d25). An unknown key inside an object (`reasoning.efort`) is refused the
 same way (request/shapes.py). An explicit null means "unset", as on the OpenAI wire.
 
-No field is ignored silently (docs/request-fields.md has the table): each is honoured
-(sampling, reasoning effort, instructions, tools, text format, tool_choice, include, truncation,
-`context_management` (request/compaction.py);
-`store`, `background`, `previous_response_id` and `conversation` through the shell's response
-store), honoured as OpenAI's spec defines it where that is all it asks
-(`service_tier`: the response names the tier used; `max_tool_calls`: no built-in tool ever runs
-here), echoed where it only labels the response (`metadata`, `user`, `safety_identifier`,
-`prompt_cache_key`, …), or refused with a 400 naming it where honouring it is impossible and
-ignoring it would change what the client gets: `prompt` (templates live on OpenAI's side),
-`moderation` (no moderation model here), `access_programs`, `background` without `store`,
-and values gpt-oss does not have (`reasoning.effort` other than low/medium/high,
-`reasoning.mode` other than standard, `text.verbosity` other than medium). A
+No field is ignored silently (docs/request-fields.md has the table): each is honoured (sampling,
+reasoning effort, instructions, tools, text format, tool_choice, include, truncation,
+`context_management` (request/compaction.py); `store`, `background`, `previous_response_id` and
+`conversation` through the shell's response store), honoured as OpenAI's spec defines it where that
+is all it asks (`service_tier`: the response names the tier used; `max_tool_calls`: the shell's
+hosted MCP calls, the only built-in tools that run here, keep to it — server/hosted/), echoed where
+it only labels the response (`metadata`, `user`, `safety_identifier`, `prompt_cache_key`, …), or
+refused with a 400 naming it where honouring it is impossible and ignoring it would change what the
+client gets: `prompt` (templates live on OpenAI's side), `moderation` (no moderation model here),
+`access_programs`, `background` without `store`, and values gpt-oss does not have
+(`reasoning.effort` other than low/medium/high, `reasoning.mode` other than standard,
+`text.verbosity` other than medium). A
 `previous_response_id` or `conversation` still in the body here means the store is off: the
 shell resolves them from the store and renders the merged body without them.
 """

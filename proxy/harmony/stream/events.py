@@ -16,6 +16,8 @@ Event = dict[str, Any]
 Item = dict[str, Any]
 
 # Item types; also the "kind" of an open item in stream/repair.py.
+#: The events that end a response's stream: exactly one of them, last.
+TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 REASONING = "reasoning"
 MESSAGE = "message"
 FUNCTION_CALL = "function_call"

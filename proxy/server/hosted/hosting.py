@@ -1,25 +1,28 @@
-"""The route's hook for hosted MCP tools: plan before rendering, answer with the loop.
+"""The routes' hook for hosted MCP tools, shared by `POST /v1/responses` and WebSocket turns:
+plan before rendering, answer with the loop.
 
-`Hosting.render` is the render callable the route hands the stateful context (or calls itself):
-a body without `mcp` tools or `mcp_*` items renders as before; one with them is planned first
-(plan.py) and its planned body rendered. `answer` then runs the loop (loop.py) in place of the
-exchange's own answer.
+`Hosting.render` is the render callable a route hands `admit` (routes/repair.py): a body
+without `mcp` tools or `mcp_*` items renders as before; one with them is planned first
+(plan.py) and its planned body rendered. When a plan was made (`plan` not None), the route
+answers with `answer` (a stream to its sink: SSE, or WebSocket messages) or `answer_json`
+(`stream: false`) in place of the exchange's own answer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
 from typing import Any
 
 from starlette.types import Send
 
 from proxy.harmony.request.prepare import PreparedRequest
+from proxy.server import asgi
 from proxy.server.exchange import Exchange
-from proxy.server.hosted.answer import answer
+from proxy.server.hosted.answer import answer as run_loop
 from proxy.server.hosted.loop import Loop
 from proxy.server.hosted.plan import Plan, involves_mcp, plan
 from proxy.server.hosted.tools import Hosted
-from proxy.server.rendering.pool import Renderer
+from proxy.server.rendering.renderer import Renderer
+from proxy.server.sink import NO_SINK, EventSink
 
 
 class Hosting:
@@ -35,9 +38,24 @@ class Hosting:
         if hosted is None or not involves_mcp(body):
             return await renderer.prepare(body)
         self.plan = await plan(hosted, body)
-        return await renderer.prepare(self.plan.body)
+        prepared = await renderer.prepare(self.plan.body)
+        return self.plan.reading_calls(prepared) if self.plan.withdrawn else prepared
 
-    def answer(self, exchange: Exchange, send: Send, *, stream: bool) -> Coroutine[Any, Any, None]:
+    async def answer(self, exchange: Exchange, sink: EventSink, *, generate: bool = True) -> None:
+        """The response's events to `sink`; `generate=False`: settled without an upstream pass
+        (a WebSocket warm-up: the listings and approved calls only)."""
+        await run_loop(self._loop(exchange), exchange, sink, generate=generate)
+        exchange.delivered = True
+
+    async def answer_json(self, exchange: Exchange, send: Send) -> None:
+        """`stream: false`: the final response as JSON."""
+        await run_loop(self._loop(exchange), exchange, NO_SINK)
+        assert exchange.snapshot is not None
+        headers = [(b"x-request-id", exchange.request_id.encode())]
+        await asgi.send_json(send, 200, exchange.snapshot, headers)
+        exchange.delivered = True
+
+    def _loop(self, exchange: Exchange) -> Loop:
         assert self.plan is not None
         assert self.hosted is not None
         deps = exchange.deps
@@ -53,7 +71,7 @@ class Hosting:
                 takes_response_format=exchange.takes_response_format,
             )
 
-        loop = Loop(
+        return Loop(
             self.hosted,
             self.plan,
             exchange,
@@ -61,4 +79,3 @@ class Hosting:
             make,
             deps.settings.keepalive_interval,
         )
-        return answer(loop, exchange, send, stream=stream)

@@ -8,27 +8,35 @@ and the `tools` echo with each `mcp` tool as declared, without its credentials. 
 tool is not shown as a `function_call`: it becomes an `mcp_call` item (its events streamed while
 it runs), or an `mcp_approval_request` that ends the response. A call fails as data (an
 `mcp_call` with `error`), never as an HTTP error or a hung stream: every call is bounded by
-`mcp_call_timeout`, the loop by `mcp_max_calls` and `mcp_loop_timeout`.
+`mcp_call_timeout`.
+
+The loop is bounded by the call budget (plan.py: `max_tool_calls` or `mcp_max_calls`, the
+smaller) and `mcp_loop_timeout`. Once either is spent, the next pass is rendered with the MCP
+tools withdrawn (`tool_choice` auto), so the model answers in text. A call the model makes
+when no call may run is never run nor dropped unseen: it is an `mcp_call` with status
+`incomplete` and an error saying why; made on a pass that still offered the tools (the time ran
+out during it), the model is told so on one more, withdrawn, pass; made on a withdrawn pass, the
+response ends there, `completed`, with that item last.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 from proxy.errors import ProxyError
 from proxy.harmony.mcp import declare, items
 from proxy.harmony.request.prepare import PreparedRequest
-from proxy.harmony.stream.events import error_event
+from proxy.harmony.stream.events import TERMINAL_EVENTS, error_event
 from proxy.server.exchange import Exchange
-from proxy.server.hosted.plan import Plan
+from proxy.server.hosted.plan import Plan, not_run
 from proxy.server.hosted.tools import Hosted
 
 Event = dict[str, Any]
 Emit = Callable[[list[Event]], Awaitable[None]]
-_TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
+Batches = AsyncGenerator[list[Event], None]
 _OPENING = frozenset({"response.created", "response.in_progress", "response.queued"})
 
 
@@ -57,13 +65,17 @@ class Loop:
         #: The last terminal event seen (to end the response from, e.g. when a pass breaks).
         self.last: Event | None = None
 
-    async def run(self, emit: Emit) -> None:
+    async def run(self, emit: Emit, *, generate: bool = True) -> None:
+        """Answer; `generate=False` settles the response from the plan alone, no upstream
+        pass (a WebSocket warm-up)."""
         started = self.hosted.monotonic()
         exchange, body = self.first, self.plan.body
-        opening = True
+        batches = exchange.batches() if generate else _settled(exchange)
+        opening, withdrawn = True, self.plan.withdrawn
+        self.calls = self.plan.calls
         while True:
             try:
-                terminal, calls, kept = await self._pass(exchange, emit, opening=opening)
+                terminal, calls, kept = await self._pass(batches, emit, opening=opening)
             except ProxyError as error:
                 if opening or self.last is None:
                     raise  # before the first byte: the route answers the HTTP error
@@ -76,13 +88,18 @@ class Loop:
                 return
             self.last = terminal
             self._add_usage(terminal["response"].get("usage"))
-            ended = terminal["type"] != "response.completed" or not calls
-            late = self.hosted.monotonic() - started > self.hosted.loop_timeout
-            if ended or late or self.calls >= self.hosted.max_calls:
+            if terminal["type"] != "response.completed" or not calls:
                 await self._end(emit, terminal)
                 return
             call = calls[0]  # gpt-oss stops at its first call (`<|call|>`)
-            result = await self._run_call(emit, call)
+            spent = self._spent(started)
+            if spent is not None:
+                result: dict[str, Any] | None = await self._unrun(emit, call, spent)
+                if withdrawn:  # it had no MCP tool to call: the response ends here
+                    await self._end(emit, terminal)
+                    return
+            else:
+                result = await self._run_call(emit, call)
             if result is None:  # approval asked: the response ends here
                 await self._end(emit, terminal)
                 return
@@ -90,16 +107,46 @@ class Loop:
             body = {**body, "input": history}
             if self.plan.tool_choice is not None:
                 body["tool_choice"] = "auto"  # the forced call was made
+            withdrawn = self._spent(started) is not None
             try:
-                exchange = self.make(await self.render(body))
+                if withdrawn:
+                    rendered = await self.render(self.plan.withdraw(body))
+                    prepared = self.plan.reading_calls(rendered)
+                else:
+                    prepared = await self.render(body)
+                exchange = self.make(prepared)
             except ProxyError as error:
                 await self._end(
                     emit, terminal, failure=(error.code or "invalid_request", str(error))
                 )
                 return
+            batches = exchange.batches()
+
+    def _spent(self, started: float) -> str | None:
+        """Why no call may run now (None: one may)."""
+        if self.calls >= self.plan.max_calls:
+            return not_run(self.plan.max_calls)
+        if self.hosted.monotonic() - started > self.hosted.loop_timeout:
+            return (
+                f"not run: this response's tool loop passed its time limit of "
+                f"{self.hosted.loop_timeout:g} s (the proxy's mcp_loop_timeout)"
+            )
+        return None
+
+    async def _unrun(self, emit: Emit, call: dict[str, Any], reason: str) -> dict[str, Any]:
+        """The model's call, shown and not run (module doc)."""
+        label = call["namespace"]
+        item = items.unrun_call_item(
+            self.hosted.ids("mcp"), label, call["name"], call.get("arguments") or "", reason
+        )
+        self.hosted.count_unrun(self.plan.servers[label])
+        index = len(self.output)
+        self.output.append(item)
+        await self._write(emit, items.unrun_call_events(index, item))
+        return item
 
     async def _pass(
-        self, exchange: Exchange, emit: Emit, *, opening: bool
+        self, batches: Batches, emit: Emit, *, opening: bool
     ) -> tuple[Event | None, list[dict[str, Any]], list[dict[str, Any]]]:
         """Write one pass's events (rewritten); its terminal event, its MCP calls, and the
         items it kept (as the next pass's input)."""
@@ -107,7 +154,6 @@ class Loop:
         index_map: dict[int, int] = {}
         calls: list[dict[str, Any]] = []
         kept: list[dict[str, Any]] = []
-        batches = exchange.batches()
         async with contextlib.aclosing(batches):
             async for batch in batches:
                 if not batch:  # time for a keepalive (`Exchange.batches`)
@@ -120,7 +166,7 @@ class Loop:
                         if opening:
                             out.append(self._with_tools(event))
                         continue
-                    if kind in _TERMINAL:
+                    if kind in TERMINAL_EVENTS:
                         if opening and not self.output and self.plan.opening:
                             out += self._opening_events()
                         await self._write(emit, out)
@@ -130,7 +176,7 @@ class Loop:
                             else:
                                 kept.append(item)
                         return event, calls, kept
-                    index = event.get("output_index")
+                    index: int | None = event.get("output_index")
                     if index is None:
                         out.append(event)
                         continue
@@ -161,6 +207,8 @@ class Loop:
             self.output.append(item)
             if item["type"] == "mcp_list_tools":
                 events += items.list_tools_events(index, item)
+            elif item["status"] == "incomplete":  # approved, and the budget left it unrun
+                events += items.unrun_call_events(index, item)
             else:
                 events += items.call_start_events(index, item)
                 events += items.call_end_events(index, item)
@@ -280,6 +328,13 @@ _HEAD_KEYS = (
     "tools",
     "tool_choice",
 )
+
+
+async def _settled(exchange: Exchange) -> Batches:
+    """The events of a response settled without generating: started and completed at once,
+    no output of the model's."""
+    exchange.phase = "streaming"
+    yield exchange.core.start() + exchange.core.finish("stop", output_tokens=0)
 
 
 def _kept_from(head: dict[str, Any] | None) -> dict[str, Any]:

@@ -4,17 +4,23 @@ items of its input read, answered approvals run.
 What comes out (`Plan`) is a body the request renderer knows (no `mcp` tool, no `mcp_*` item),
 the declared servers and their tools, the output items that open the response (the listings
 made now, the calls approved now), and the order of the tools' echo.
+
+The call budget is the request's `max_tool_calls` or the operator's `mcp_max_calls`, the
+smaller; an approved call counts. Spent before the first pass (`max_tool_calls: 0`), the
+servers are still listed but their namespaces are withdrawn from the prompt (`withdrawn`), as
+the loop withdraws them once spent later (`Plan.withdraw`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from proxy.errors import ClientError
 from proxy.harmony.mcp import declare, items
 from proxy.harmony.mcp.carry import MCP_TYPES, carry, pending_answers
 from proxy.harmony.mcp.declare import Server
+from proxy.harmony.request.prepare import PreparedRequest
 from proxy.mcp import Refused
 from proxy.server.hosted.tools import Hosted
 
@@ -33,6 +39,33 @@ class Plan:
     #: An `mcp` tool_choice as given (the renderer got it as a function choice in the server's
     #: namespace); it binds the first pass only.
     tool_choice: dict[str, Any] | None = None
+    #: MCP calls the response may run (module doc), and those run before the first pass.
+    max_calls: int = 0
+    calls: int = 0
+    #: The budget was spent before the first pass: `body` holds none of the servers' tools.
+    withdrawn: bool = False
+
+    def withdraw(self, body: dict[str, Any]) -> dict[str, Any]:
+        """`body` without the servers' namespaces, its `tool_choice` auto: the model may only
+        answer (or call the client's own functions)."""
+        withdrawn = {**body, "tool_choice": "auto"}
+        tools = body.get("tools")
+        if isinstance(tools, list):
+            withdrawn["tools"] = [tool for tool in tools if not self._is_namespace(tool)]
+        return withdrawn
+
+    def reading_calls(self, prepared: PreparedRequest) -> PreparedRequest:
+        """`prepared` (rendered withdrawn) reading a call the model still addresses to a
+        server as a call, which the loop shows unrun, not as reasoning."""
+        namespaces = prepared.namespaces | self.servers.keys()
+        return replace(prepared, namespaces=frozenset(namespaces))
+
+    def _is_namespace(self, tool: Any) -> bool:
+        return (
+            isinstance(tool, dict)
+            and tool.get("type") == "namespace"
+            and tool.get("name") in self.servers
+        )
 
     def tools_echo(self, rendered: list[Any]) -> list[Any]:
         """The response's `tools`: the declared order, `mcp` tools without credentials."""
@@ -94,7 +127,8 @@ async def plan(hosted: Hosted, body: dict[str, Any]) -> Plan:
         result.listed[label] = listed
         result.opening.append(items.list_tools_item(hosted.ids("mcpl"), label, listed, error))
     given: Any = carried.items
-    for request, approve in pending_answers(carried):
+    result.max_calls = budget(body, hosted.max_calls)
+    for request, _ in pending_answers(carried):
         answered = result.servers.get(request["server_label"])
         if answered is None:
             raise ClientError(
@@ -103,28 +137,31 @@ async def plan(hosted: Hosted, body: dict[str, Any]) -> Plan:
                 param="tools",
                 code="invalid_value",
             )
-        if approve:
-            call = await hosted.call(
-                answered, request["name"], request["arguments"], approval_request_id=request["id"]
-            )
-            result.opening.append(call)
-        else:
-            call = items.call_item(
+        if result.calls >= result.max_calls:
+            call = items.unrun_call_item(
                 hosted.ids("mcp"),
                 answered.label,
                 request["name"],
                 request["arguments"],
-                status="failed",
-                error=items.call_error(items.TOOL_ERROR, "the user declined this call"),
+                not_run(result.max_calls),
                 approval_request_id=request["id"],
             )
+            hosted.count_unrun(answered)
+            result.opening.append(call)
+        else:
+            call = await hosted.call(
+                answered, request["name"], request["arguments"], approval_request_id=request["id"]
+            )
+            result.calls += 1
+            result.opening.append(call)
         given = [*given, *items.as_input(call)]
     rendered = [
         tool for tool in tools if not (isinstance(tool, dict) and tool.get("type") == "mcp")
     ]
+    result.withdrawn = result.calls >= result.max_calls
     for label, server in result.servers.items():
         namespace = declare.as_namespace(server, result.listed[label])
-        if namespace["tools"]:
+        if namespace["tools"] and not result.withdrawn:
             rendered.append(namespace)
     result.body = {**body, "input": given}
     if "tools" in body:
@@ -132,8 +169,27 @@ async def plan(hosted: Hosted, body: dict[str, Any]) -> Plan:
     choice = body.get("tool_choice")
     if isinstance(choice, dict) and choice.get("type") == "mcp":
         result.tool_choice = choice
-        result.body["tool_choice"] = _as_function_choice(choice, result.servers)
+        function_choice = _as_function_choice(choice, result.servers)
+        # No call may run: the model answers (`max_tool_calls` wins over the choice).
+        result.body["tool_choice"] = "auto" if result.withdrawn else function_choice
     return result
+
+
+def budget(body: dict[str, Any], max_calls: int) -> int:
+    """The MCP calls a response may run: `max_tool_calls` (when a valid count; the renderer
+    refuses any other value) or the operator's `mcp_max_calls`, the smaller."""
+    value = body.get("max_tool_calls")
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return min(value, max_calls)
+    return max_calls
+
+
+def not_run(max_calls: int) -> str:
+    """The error of a call the budget leaves unrun."""
+    return (
+        f"not run: this response's budget of {max_calls} MCP tool call(s) is spent "
+        "(max_tool_calls, or the proxy's mcp_max_calls when smaller)"
+    )
 
 
 def _as_function_choice(choice: dict[str, Any], servers: dict[str, Server]) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from proxy.config import Settings
+from proxy.config.settings import Settings
 from proxy.harmony.mcp import items
 from proxy.harmony.mcp.declare import Server
 from proxy.mcp import Limits, McpFailure, Policy, ToolCache, call_tool, credential_key, list_tools
@@ -23,16 +23,19 @@ from proxy.tracing import Tracing
 
 _MAX_LABELS = 64
 _OTHER = "other"
+#: The outcome of a call the budget left unrun.
+NOT_RUN = "not_run"
 
 
 class McpMetrics:
-    """`proxy_mcp_calls_total{server_label,outcome}`, `proxy_mcp_call_seconds{server_label}`,
+    """`proxy_mcp_calls_total{server_label,outcome}` (`not_run`: left unrun by the budget),
+    `proxy_mcp_call_seconds{server_label}`,
     `proxy_mcp_list_total{server_label,outcome}` (outcome `cached` for a reused list)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.calls = Counter(
             "proxy_mcp_calls",
-            "MCP tool calls run, by server label and outcome (ok, error)",
+            "MCP tool calls the model made, by server label and outcome (ok, error, not_run)",
             ["server_label", "outcome"],
             registry=registry,
         )
@@ -115,6 +118,10 @@ class Hosted:
         self.metrics.lists.labels(label, "ok").inc()
         self.cache.put(key, tools)
         return tools, None, True
+
+    def count_unrun(self, server: Server) -> None:
+        """A call the model made that the budget left unrun."""
+        self.metrics.calls.labels(self.metrics.label(server.label), NOT_RUN).inc()
 
     async def call(
         self, server: Server, name: str, arguments: str, approval_request_id: str | None = None

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from proxy.config import Settings
+from proxy.config.settings import Settings
 
 #: uvicorn's listen backlog, when the open-file limit leaves room for it.
 BACKLOG = 2048
@@ -20,7 +20,7 @@ BACKLOG = 2048
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """The client-side limits: the settings of the same names (config.py)."""
+    """The client-side limits: the settings of the same names (config/settings.py)."""
 
     max_header_bytes: int
     max_headers: int

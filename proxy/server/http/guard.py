@@ -46,8 +46,8 @@ import os
 import resource
 from typing import Any
 
-from proxy.config import Settings
-from proxy.metrics import Metrics
+from proxy.config.settings import Settings
+from proxy.metrics.serving import Metrics
 from proxy.server.http.connections import BACKLOG, Connections, Limits
 from proxy.server.http.guard_protocol import GuardedProtocol
 from proxy.server.http.upgrade import GuardedWebSocket

@@ -5,7 +5,7 @@ own in one directory, `PROMETHEUS_MULTIPROC_DIR`; a scrape, answered by any work
 supervisor's `metrics_port`, reads them all (`SharedRegistry`). Counters and histograms of a
 worker that died stay in their files, so sums never go backwards; its `live*` gauges are
 removed (`mark_dead`), so in-flight streams of a dead worker do not stay counted. How each
-gauge combines: proxy/metrics.py.
+gauge combines: proxy/metrics/ (its package doc).
 
 prometheus_client picks the mode once, when it is first imported, from the environment: the
 supervisor calls `prepare` before anything imports it (cli.py), and the workers inherit the

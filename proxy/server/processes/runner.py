@@ -44,8 +44,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from proxy.config import Settings
-from proxy.metrics_genai import exposition
+from proxy.config.settings import Settings
+from proxy.metrics.genai import exposition
 from proxy.server import asgi
 from proxy.server.app import create_app
 from proxy.server.deps import ServerState

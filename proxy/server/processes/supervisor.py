@@ -46,9 +46,9 @@ from pathlib import Path
 
 from openai_harmony import HarmonyEncoding
 
-from proxy.config import Settings
+from proxy.config.settings import Settings
 from proxy.harmony.reasoning_seal import ReasoningKeys
-from proxy.metrics import worker_restarts
+from proxy.metrics.serving import worker_restarts
 from proxy.server.processes import multiproc
 from proxy.server.processes.runner import EXIT_MARGIN, serve_metrics, simulated_upstream
 from proxy.server.processes.worker import READY, WorkerSpec, bind_socket

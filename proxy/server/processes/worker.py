@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from proxy.config import ConfigError, Settings
+from proxy.config.settings import Settings
+from proxy.config.sources import ConfigError
 
 READY = b"R"
 HEADER = struct.Struct("!I")

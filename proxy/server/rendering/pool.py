@@ -1,19 +1,12 @@
-"""Where requests are validated and rendered: the `Renderer` seam.
+"""Rendering in worker processes: `RenderPool`, behind the `Renderer` seam (renderer.py).
 
-    await renderer.prepare(body) -> PreparedRequest      raises ClientError (4xx) / ProxyError
+`prepare_request` holds the GIL while openai-harmony renders, and its BPE is quadratic in one
+unbroken run of text: `"a" * 200_000`, 100,000 CJK characters or 100,000 small input items held
+the event loop 12-29 s, so every other stream stalled and `/healthz` missed its liveness probe.
+A thread does not help; a process does. `RenderPool`:
 
-`prepare_request` (sans-IO, unchanged) holds the GIL while openai-harmony renders, and its BPE is
-quadratic in one unbroken run of text: `"a" * 200_000`, 100,000 CJK characters or 100,000 small
-input items held the event loop 12-29 s, so every other stream stalled and `/healthz` missed its
-liveness probe. A thread does not help; a process does. `RenderPool`:
-
-- **fast path**: a body that is provably cheap to render is rendered inline, on the loop, where
-  it costs less than a round trip to a worker. "Cheap" is judged on the orjson bytes that go to a
-  worker anyway (`is_cheap`): at most `INLINE_MAX_BYTES` bytes, `INLINE_MAX_OBJECTS` JSON objects
-  (each input item or content part is one: openai-harmony spends ~150 µs on every message) and no
-  run of non-whitespace bytes longer than `INLINE_MAX_RUN` (the BPE cost driver: one o200k
-  pre-token never spans whitespace, and JSON escapes only make a run look longer). Worst body
-  under all three: ~1.5 ms (bench/render_cost.py).
+- **fast path**: a body that is provably cheap to render (`is_cheap`, renderer.py) is rendered
+  inline, on the loop, where it costs less than a round trip to a worker.
 - **workers**: everything else goes to one of `render_workers` processes
   (`rendering/worker.py`), each with its encoding and `PrefixCache`, restarted when one dies.
   The first body that is not cheap starts them, not the app: a proxy that only sees cheap bodies
@@ -23,8 +16,6 @@ liveness probe. A thread does not help; a process does. `RenderPool`:
 - **render_timeout**: a render that takes longer gets a 400 naming the limit; its worker is
   killed (SIGKILL: it is inside Rust code that cannot be interrupted) and replaced, which
   `concurrent.futures.ProcessPoolExecutor` cannot do.
-
-`InlineRenderer` is the old behaviour (`render_workers = 0`): everything on the loop.
 """
 
 from __future__ import annotations
@@ -35,84 +26,27 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from openai_harmony import HarmonyEncoding
 
 from proxy import vocab
-from proxy.config import Settings
+from proxy.config.settings import Settings
 from proxy.errors import ClientError, ProxyError
 from proxy.harmony.request.prefix import PrefixCache
 from proxy.harmony.request.prepare import PreparedRequest
 from proxy.server.rendering import worker as wire
+from proxy.server.rendering.renderer import InlineRenderer, Renderer, is_cheap
 from proxy.server.rendering.worker import RenderOptions
 
 if TYPE_CHECKING:
-    from proxy.metrics import Metrics
+    from proxy.metrics.serving import Metrics
 
-#: Fast-path bounds, measured with bench/render_cost.py: the
-#: costliest body within all three renders in ~1.5 ms; a worker round trip costs ~0.2-0.4 ms.
-INLINE_MAX_BYTES = 2048
-INLINE_MAX_OBJECTS = 6
-INLINE_MAX_RUN = 512
 #: Seconds a new worker may take to load the encoding and say it is ready.
 BOOT_TIMEOUT = 60.0
 #: Longest pause between restarts of a worker that keeps dying before it is ready.
 MAX_BACKOFF = 30.0
-
-
-class Renderer(Protocol):
-    """Validates and renders a parsed `/v1/responses` body (the dict, possibly modified by the
-    caller, e.g. with stored history merged into `input`)."""
-
-    async def prepare(self, body: dict[str, Any]) -> PreparedRequest: ...
-
-    async def start(self) -> None: ...
-
-    async def aclose(self) -> None: ...
-
-    def ready(self) -> bool: ...
-
-
-def longest_run(payload: bytes) -> int:
-    """Bytes in the longest run of `payload` without ASCII whitespace."""
-    return max(map(len, payload.split()), default=0)
-
-
-def is_cheap(payload: bytes) -> bool:
-    """True when the body whose orjson bytes are `payload` renders within the inline bound."""
-    return (
-        len(payload) <= INLINE_MAX_BYTES
-        and payload.count(b"{") <= INLINE_MAX_OBJECTS
-        and longest_run(payload) <= INLINE_MAX_RUN
-    )
-
-
-class InlineRenderer:
-    """`prepare_request` on the event loop: `render_workers = 0` (tests, benchmarks' baseline)."""
-
-    def __init__(
-        self,
-        encoding: HarmonyEncoding,
-        prefixes: PrefixCache | None = None,
-        options: RenderOptions | None = None,
-    ) -> None:
-        self._encoding = encoding
-        self._prefixes = prefixes or PrefixCache(encoding)
-        self._options = options or RenderOptions()
-
-    async def prepare(self, body: dict[str, Any]) -> PreparedRequest:
-        return self._options.render(body, self._encoding, self._prefixes)
-
-    async def start(self) -> None:
-        return None
-
-    async def aclose(self) -> None:
-        return None
-
-    def ready(self) -> bool:
-        return True
 
 
 class _Worker:

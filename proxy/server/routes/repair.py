@@ -28,7 +28,7 @@ from starlette.types import Scope, Send
 from proxy.errors import ClientError, ProxyError, UnavailableError, UpstreamError
 from proxy.harmony.constraint import OutputConstraint
 from proxy.harmony.request.prepare import PreparedRequest
-from proxy.metrics import CLIENT_TIMEOUT
+from proxy.metrics.serving import CLIENT_TIMEOUT
 from proxy.server import asgi
 from proxy.server.compaction import compacting
 from proxy.server.deps import until_drained
@@ -109,8 +109,10 @@ async def serve_repaired(
     try:
         try:
             timed_send = asgi.with_send_timeout(send, settings.send_timeout)
-            if hosting.plan is not None:
-                work = hosting.answer(exchange, timed_send, stream=stream)
+            if hosting.plan is not None and stream:
+                work = hosting.answer(exchange, SseSink(timed_send, request_id))
+            elif hosting.plan is not None:
+                work = hosting.answer_json(exchange, timed_send)
             elif stream:
                 work = exchange.stream(SseSink(timed_send, request_id))
             else:

@@ -8,7 +8,8 @@ ping/pong, a client that stops reading — is the guard's and uvicorn's (http/up
                       refused; `stream_id` echoed in the turn's events) → the same path as
                       over HTTP (routes/repair.py `admit`, exchange.py), events written by a
                       `WebSocketSink`; counted and logged per response as over HTTP, with
-                      `transport: ws`
+                      `transport: ws`; hosted MCP tools run in the same loop
+                      (server/hosted/)
     a second one      while a turn runs: an `error` event (`websocket_stream_limit_reached`);
                       turns run one at a time
     anything else     bad JSON, a binary message, an unknown `type`: an `error` event, the
@@ -37,8 +38,9 @@ from starlette.types import Receive, Scope, Send
 
 from proxy.errors import ClientError, ProxyError, UnavailableError, UpstreamError
 from proxy.harmony.history import chain as history
-from proxy.metrics_ws import WebSocketMetrics
+from proxy.metrics.websocket import WebSocketMetrics
 from proxy.server.deps import SHUTTING_DOWN
+from proxy.server.hosted.hosting import Hosting
 from proxy.server.outcome import outcome_of, report
 from proxy.server.routes.answers import count_refusal, services_in
 from proxy.server.routes.repair import Admitted, admit, refused_outcome
@@ -223,6 +225,7 @@ class Session:
         ):
             sent = history.merged_body(body, last.items)
             continued = last.response_id
+        hosting = Hosting(services.hosted, deps.renderer)
         try:
             admitted = await admit(
                 services,
@@ -232,6 +235,7 @@ class Session:
                 started,
                 self.scope_key,
                 previous_response_id=continued,
+                hosting=hosting,
             )
         except ProxyError as error:
             count_refusal(
@@ -248,7 +252,7 @@ class Session:
             return
         exchange = admitted.exchange
         sink = WebSocketSink(self._send, stream_id)
-        if not generate:
+        if not generate and hosting.plan is None:
             await self._warm_up(admitted, sink, model, body, sent)
             return
         state.in_flight += 1
@@ -256,7 +260,10 @@ class Session:
         outcome = "client_disconnect"
         try:
             try:
-                await exchange.stream(sink)
+                if hosting.plan is not None:  # hosted MCP tools: the loop, as over HTTP
+                    await hosting.answer(exchange, sink, generate=generate)
+                else:
+                    await exchange.stream(sink)
                 outcome = outcome_of(exchange)
             except ProxyError as error:  # upstream refused it before the first event
                 exchange.status, exchange.error_code = error.status, error.code

@@ -9,7 +9,8 @@ from starlette.types import Send
 
 from proxy import sse
 from proxy.errors import StoreUnavailableError
-from proxy.harmony.history.stored import RUNNING, TERMINAL_EVENTS, decode_events
+from proxy.harmony.history.stored import RUNNING, decode_events
+from proxy.harmony.stream.events import TERMINAL_EVENTS
 from proxy.server import asgi
 from proxy.server.stateful.state import Stateful
 

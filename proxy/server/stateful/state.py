@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from proxy.config import Settings
+from proxy.config.settings import Settings
 from proxy.errors import ClientError, StoreUnavailableError
 from proxy.harmony.history import chain as history
 from proxy.harmony.history import conversation as conv
@@ -44,7 +44,7 @@ from proxy.harmony.history.stored import (
 from proxy.harmony.request.fields import check_response_id, previous_not_found
 from proxy.harmony.request.prepare import PreparedRequest
 from proxy.harmony.response import IdFactory
-from proxy.metrics import Metrics
+from proxy.metrics.serving import Metrics
 from proxy.store import Append, Entry, Lease, Op, Store, StoreError, Update
 from proxy.store.measured import Measured
 from proxy.store.writer import StoreWriter
@@ -176,7 +176,7 @@ class Stateful:
 
     def _write_failed(self, error: StoreError, count: int, dropped: bool) -> None:
         if dropped:
-            self.metrics.store_errors.labels("apply").inc()
+            self.metrics.store.errors.labels("apply").inc()
         self.log_failure("store write failed", None, error, writes=count)
 
     def log_failure(

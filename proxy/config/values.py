@@ -1,6 +1,6 @@
-"""How a setting is declared (`setting()`, a field of config.py's `Settings`), and the value types
-of settings: each parser takes one raw string and raises `ValueError` with a short reason, which
-config.py turns into an error naming the setting, its source and the value."""
+"""How a setting is declared (`setting()`, a field of settings.py's `Settings`), and the value
+types of settings: each parser takes one raw string and raises `ValueError` with a short reason,
+which sources.py turns into an error naming the setting, its source and the value."""
 
 from __future__ import annotations
 

@@ -1,38 +1,15 @@
-"""Settings: one frozen object, parsed once, from defaults < config file < env < CLI flags.
-
-Every setting is declared once, as a field of `Settings`: its type, its default, and — in the
-field's metadata (`setting(...)`) — the parser of its raw text, its help, its flag aliases and
-whether it is a secret. From that one declaration come the environment variables
-(`PROXY_<NAME>`), the CLI flags (`--<name-with-dashes>`), the keys of the TOML config file, the
-commented example file (`example_toml()`, `config/proxy.example.toml`) and the settings table
-of the docs (`settings_table()`); tests keep both files in step. A bad value fails at start
-with an error naming the setting, where it came from, and the value (never a secret's).
-"""
+"""`Settings`: every setting of the proxy, declared once as a field (`setting(...)`, values.py):
+its type, its default, its parser, its help, its flag aliases, whether it is a secret."""
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import fnmatch
-import json
-import textwrap
-import tomllib
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
-from proxy import config_values as values
-from proxy.config_values import Spec, setting
+from proxy.config import values
+from proxy.config.values import setting
 from proxy.harmony.reasoning_seal import parse_keys
 from proxy.store import check_store_url
-
-ENV_PREFIX = "PROXY_"
-CONFIG_ENV = "PROXY_CONFIG"
-
-
-class ConfigError(ValueError):
-    """A setting has a bad value; the message names the setting, its source and the value."""
 
 
 # fmt: off
@@ -264,11 +241,12 @@ class Settings:
         "every request)")
     mcp_max_calls: int = setting(
         8, values.positive_int,
-        "MCP tool calls one response may run; the response ends after the last one")
+        "MCP tool calls one response may run (a request's max_tool_calls may lower it); once "
+        "run, the MCP tools are withdrawn and the model answers")
     mcp_loop_timeout: float = setting(
         300.0, values.positive_float,
         "seconds one response may spend in MCP tool calls and the generation passes between "
-        "them; no new call starts past it")
+        "them; past it no call runs, the MCP tools are withdrawn and the model answers")
     simulator_stream_interval: int = setting(
         20, values.positive_int,
         "built-in simulator: tokens per engine output after the first (trtllm stream_interval)")
@@ -283,147 +261,3 @@ class Settings:
         """Whether `/v1/responses` for `model` goes through the repair."""
         return any(fnmatch.fnmatchcase(model, glob) for glob in self.repair_models)
 # fmt: on
-
-
-@dataclass(frozen=True, slots=True)
-class Field:
-    """One setting as the sources see it: a field of `Settings` and its `Spec`."""
-
-    name: str
-    default: Any
-    spec: Spec
-
-    @property
-    def env(self) -> str:
-        return ENV_PREFIX + self.name.upper()
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
-
-
-#: Every setting, in declaration order.
-FIELDS: tuple[Field, ...] = tuple(
-    Field(field.name, field.default, field.metadata["spec"])
-    for field in dataclasses.fields(Settings)
-)
-
-
-def _parse(field: Field, raw: Any, source: str) -> Any:
-    text = ",".join(map(str, raw)) if isinstance(raw, list) else str(raw)
-    if isinstance(raw, bool):
-        text = "true" if raw else "false"
-    try:
-        return field.spec.parse(text)
-    except ValueError as exc:
-        shown = "<secret>" if field.spec.secret else repr(text)
-        raise ConfigError(f"{source}={shown}: {exc}") from None
-
-
-def load_file(path: Path) -> dict[str, Any]:
-    """Read a TOML config file (keys are setting names)."""
-    try:
-        data = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"config file {str(path)!r}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {str(path)!r}: {exc}") from None
-    known = {field.name for field in FIELDS}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ConfigError(f"config file {str(path)!r}: unknown setting(s) {', '.join(unknown)}")
-    return data
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """One `--flag` per setting (values parsed later, so errors read the same for every source)."""
-    parser.add_argument("--config", help=f"TOML config file (also {CONFIG_ENV})")
-    for field in FIELDS:
-        parser.add_argument(
-            field.flag, *field.spec.aliases, dest=field.name, default=None, help=field.spec.help
-        )
-
-
-def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    return parser.parse_args(argv)
-
-
-def load_settings(
-    env: Mapping[str, str], args: argparse.Namespace | None = None, *, base: Settings | None = None
-) -> Settings:
-    """Settings from (lowest first) `base` defaults, the config file, `env`, then CLI `args`."""
-    values: dict[str, Any] = {}
-    config_path = getattr(args, "config", None) or env.get(CONFIG_ENV)
-    file_values = load_file(Path(config_path)) if config_path else {}
-    for field in FIELDS:
-        flag_value = getattr(args, field.name, None) if args is not None else None
-        if flag_value is not None:
-            values[field.name] = _parse(field, flag_value, field.flag)
-        elif env.get(field.env) not in (None, ""):
-            values[field.name] = _parse(field, env[field.env], field.env)
-        elif field.name in file_values:
-            values[field.name] = _parse(
-                field, file_values[field.name], f"{config_path}:{field.name}"
-            )
-    return dataclasses.replace(base or Settings(), **values)
-
-
-# -- the generated docs ------------------------------------------------------------------------
-
-
-def settings_table() -> str:
-    """The docs' settings table (Markdown)."""
-    rows = ["| setting | env | flag | default | meaning |", "| --- | --- | --- | --- | --- |"]
-    for field in FIELDS:
-        default = field.default
-        if isinstance(default, tuple):
-            default = ",".join(default) if default else "(none)"
-        elif default is None:
-            default = "(unset)"
-        elif isinstance(default, bool):
-            default = str(default).lower()
-        rows.append(
-            f"| `{field.name}` | `{field.env}` | `{field.flag}` | `{default}` | {field.spec.help} |"
-        )
-    return "\n".join(rows)
-
-
-EXAMPLE_HEADER = f"""\
-# responses-repair-proxy configuration (TOML). Every setting, commented out at its default.
-# Use it with `responses-repair-proxy serve --config FILE` or {CONFIG_ENV}=FILE.
-# Precedence, lowest first: this file < environment ({ENV_PREFIX}<NAME>) < command-line flags.
-# Generated from proxy/config.py by proxy.config.example_toml(); edit the settings there.
-"""
-
-
-def example_toml() -> str:
-    """`config/proxy.example.toml`: every setting with its help, commented out at its default
-    (or at its example, when it is unset by default)."""
-    blocks = [EXAMPLE_HEADER]
-    for field in FIELDS:
-        spec = field.spec
-        text = f"{spec.help}. {spec.note}" if spec.note else spec.help
-        lines = textwrap.wrap(text, width=98, break_long_words=False, break_on_hyphens=False)
-        flags = ", ".join((field.flag, *spec.aliases))
-        lines.append(f"env {field.env}, flag {flags}")
-        if spec.example is None:
-            lines.append(f"{field.name} = {_toml(field.default)}")
-        elif field.default in (None, ()):
-            lines.append(f"{field.name} = {_toml(spec.example)}  # (unset by default)")
-        else:
-            lines.append(f"{field.name} = {_toml(field.default)}  # or {_toml(spec.example)}")
-        blocks.append("\n".join(f"# {line}" for line in lines) + "\n")
-    return "\n".join(blocks)
-
-
-def _toml(value: Any) -> str:
-    """A TOML literal of a setting's value (a string, number, boolean or list of strings)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, tuple):
-        return "[" + ", ".join(map(_toml, value)) + "]"
-    return json.dumps(str(value))  # a TOML basic string: JSON's escapes are TOML's
