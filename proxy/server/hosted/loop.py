@@ -154,6 +154,9 @@ class Loop:
         index_map: dict[int, int] = {}
         calls: list[dict[str, Any]] = []
         kept: list[dict[str, Any]] = []
+        # The items made before the plan's (a compaction) stay first: the approved calls ran
+        # after it, and a later request must not drop them as history before it.
+        made = len(self.first.prepared.leading)
         async with contextlib.aclosing(batches):
             async for batch in batches:
                 if not batch:  # time for a keepalive (`Exchange.batches`)
@@ -167,7 +170,7 @@ class Loop:
                             out.append(self._with_tools(event))
                         continue
                     if kind in TERMINAL_EVENTS:
-                        if opening and not self.output and self.plan.opening:
+                        if opening and len(self.output) == made and self.plan.opening:
                             out += self._opening_events()
                         await self._write(emit, out)
                         for item in event["response"].get("output", []):
@@ -185,7 +188,7 @@ class Loop:
                     if index in hidden:
                         continue
                     if kind == "response.output_item.added":
-                        if opening and not self.output and self.plan.opening:
+                        if opening and len(self.output) == made and self.plan.opening:
                             out += self._opening_events()
                         index_map[index] = len(self.output)
                         self.output.append(event["item"])
