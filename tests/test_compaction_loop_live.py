@@ -5,6 +5,7 @@ the rendered prompt stays bounded however long the run."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -65,7 +66,7 @@ def test_a_long_run_compacts_now_and_then_and_its_prompt_stays_bounded(live: Sta
         history += [item for item in response["output"] if item["type"] != "reasoning"]
     # Not on every request: each compaction is followed by turns answered from it.
     assert 2 <= sum(compacted) <= TURNS // 2, compacted
-    assert not any(a and b for a, b in zip(compacted, compacted[1:], strict=False)), compacted
+    assert not any(a and b for a, b in itertools.pairwise(compacted)), compacted
     # Bounded: the newest user message (kept), the summary, and under a threshold of new turns.
     assert max(prompts) < 2 * THRESHOLD, prompts
     assert max(prompts[TURNS // 2 :]) <= max(prompts[: TURNS // 2]) + 200, prompts
