@@ -29,7 +29,7 @@ from typing import Any
 from proxy.errors import ProxyError
 from proxy.harmony.mcp import declare, items
 from proxy.harmony.request.prepare import PreparedRequest
-from proxy.harmony.stream.events import TERMINAL_EVENTS, error_event
+from proxy.harmony.stream.events import OPENING_EVENTS, TERMINAL_EVENTS, error_event
 from proxy.server.exchange import Exchange
 from proxy.server.hosted.plan import Plan, not_run
 from proxy.server.hosted.tools import Hosted
@@ -37,7 +37,6 @@ from proxy.server.hosted.tools import Hosted
 Event = dict[str, Any]
 Emit = Callable[[list[Event]], Awaitable[None]]
 Batches = AsyncGenerator[list[Event], None]
-_OPENING = frozenset({"response.created", "response.in_progress", "response.queued"})
 
 
 class Loop:
@@ -162,7 +161,7 @@ class Loop:
                 out: list[Event] = []
                 for event in batch:
                     kind = event["type"]
-                    if kind in _OPENING:
+                    if kind in OPENING_EVENTS:
                         if opening:
                             out.append(self._with_tools(event))
                         continue
