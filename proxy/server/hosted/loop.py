@@ -31,7 +31,7 @@ from proxy.harmony.mcp import declare, items
 from proxy.harmony.request.prepare import PreparedRequest
 from proxy.harmony.stream.events import OPENING_EVENTS, TERMINAL_EVENTS, error_event
 from proxy.server.exchange import Exchange
-from proxy.server.hosted.plan import Plan, not_run
+from proxy.server.hosted.plan import Plan
 from proxy.server.hosted.tools import Hosted
 
 Event = dict[str, Any]
@@ -69,20 +69,19 @@ class Loop:
     async def run(self, emit: Emit, *, generate: bool = True) -> None:
         """Answer; `generate=False` settles the response from the plan alone, no upstream
         pass (a WebSocket warm-up)."""
-        started = self.hosted.monotonic()
         exchange = self.first
         batches = exchange.batches() if generate else _settled(exchange)
         opening, withdrawn = True, self.plan.withdrawn
         self.calls = self.plan.calls
         try:
-            await self._passes(emit, batches, started, opening=opening, withdrawn=withdrawn)
+            await self._passes(emit, batches, opening=opening, withdrawn=withdrawn)
         finally:
             current, self._current = self._current, None
             if current is not None:  # cancelled, or broken: its connection is closed
                 await current.aclose()
 
     async def _passes(
-        self, emit: Emit, batches: Batches, started: float, *, opening: bool, withdrawn: bool
+        self, emit: Emit, batches: Batches, *, opening: bool, withdrawn: bool
     ) -> None:
         body = self.plan.body
         while True:
@@ -106,7 +105,7 @@ class Loop:
                 return
             call = calls[0]  # gpt-oss stops at its first call (`<|call|>`)
             await self._finish_pass()
-            spent = self._spent(started)
+            spent = self._spent()
             if spent is not None:
                 result: dict[str, Any] | None = await self._unrun(emit, call, spent)
                 if withdrawn:  # it had no MCP tool to call: the response ends here
@@ -121,7 +120,7 @@ class Loop:
             body = {**body, "input": history}
             if self.plan.tool_choice is not None:
                 body["tool_choice"] = "auto"  # the forced call was made
-            withdrawn = self._spent(started) is not None
+            withdrawn = self._spent() is not None
             try:
                 if withdrawn:
                     rendered = await self.render(self.plan.withdraw(body))
@@ -136,16 +135,9 @@ class Loop:
                 return
             batches = exchange.batches()
 
-    def _spent(self, started: float) -> str | None:
-        """Why no call may run now (None: one may)."""
-        if self.calls >= self.plan.max_calls:
-            return not_run(self.plan.max_calls)
-        if self.hosted.monotonic() - started > self.hosted.loop_timeout:
-            return (
-                f"not run: this response's tool loop passed its time limit of "
-                f"{self.hosted.loop_timeout:g} s (the proxy's mcp_loop_timeout)"
-            )
-        return None
+    def _spent(self) -> str | None:
+        """Why no call may run now (None: one may); the time counts from the plan's start."""
+        return self.plan.spent(self.hosted, self.calls)
 
     async def _unrun(self, emit: Emit, call: dict[str, Any], reason: str) -> dict[str, Any]:
         """The model's call, shown and not run (module doc)."""
