@@ -4,6 +4,7 @@ loopback: tools that echo, fail, sleep and return large output; streamable HTTP 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 from collections.abc import Iterator
 from typing import Any
@@ -18,6 +19,11 @@ BIG = 200_000
 
 #: The `authorization` header values the servers saw, newest last.
 SEEN_AUTH: list[str | None] = []
+
+#: Requests in flight by their `x-test-tag` header (an `mcp` tool's `headers` sets it).
+IN_FLIGHT: collections.Counter[str] = collections.Counter()
+#: The most distinct tags seen in flight at once (reset it to 0 before a measure).
+PEAK_TAGS = [0]
 
 
 def build() -> MCPServer:
@@ -53,7 +59,8 @@ def build() -> MCPServer:
 
 
 class _SeeAuth:
-    """ASGI middleware recording the `authorization` header of each request."""
+    """ASGI middleware recording the `authorization` header of each request and the requests
+    in flight per `x-test-tag`; an `x-test-delay` header (seconds) delays the request."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -63,6 +70,18 @@ class _SeeAuth:
             headers = dict(scope["headers"])
             value = headers.get(b"authorization")
             SEEN_AUTH.append(value.decode() if value is not None else None)
+            tag, delay = headers.get(b"x-test-tag"), headers.get(b"x-test-delay")
+            if tag is not None:
+                IN_FLIGHT[tag.decode()] += 1
+                PEAK_TAGS[0] = max(PEAK_TAGS[0], len(+IN_FLIGHT))
+            try:
+                if delay is not None:
+                    await asyncio.sleep(float(delay))
+                await self.app(scope, receive, send)
+            finally:
+                if tag is not None:
+                    IN_FLIGHT[tag.decode()] -= 1
+            return
         await self.app(scope, receive, send)
 
 

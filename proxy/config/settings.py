@@ -228,6 +228,10 @@ class Settings:
         False, values.boolean,
         "let an allowed MCP server resolve to loopback, link-local or private addresses (a "
         "server beside the proxy); off: such a server is a 400, checked after DNS resolution")
+    mcp_max_servers: int = setting(
+        16, values.positive_int,
+        "`mcp` tools one request may declare (more is a 400 naming the first one past it); "
+        "their servers are listed concurrently before the first pass")
     mcp_call_timeout: float = setting(
         30.0, values.positive_float,
         "seconds one MCP operation (connect and list tools, or connect and call a tool) may "

@@ -37,6 +37,7 @@ class RequestRecord:
     started_at: float
     request_id: str | None = None  # the client's X-Request-Id
     traceparent: str | None = None  # the W3C trace context the request carried
+    peer: tuple[str, int] | None = None  # the client's address and port: its connection
     stream: bool | None = None
     status: int | None = None  # HTTP status sent (None: nothing sent)
     prompt_ids: tuple[int, ...] = ()  # what the model was given

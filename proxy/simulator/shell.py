@@ -54,6 +54,8 @@ class Exchange:
         )
         # trtllm-serve continues this trace in its own spans (`--otlp_traces_endpoint`)
         self.record.traceparent = self.headers.get("traceparent")
+        client = scope.get("client")
+        self.record.peer = (str(client[0]), int(client[1])) if client else None
 
     async def body(self) -> bytes:
         """The whole request body (`BodyTooLarge` past the configured limit)."""

@@ -96,7 +96,7 @@ def as_it_stands(response: dict[str, Any], events: Sequence[dict[str, Any]]) -> 
         if kind in ev.TERMINAL_EVENTS:
             ended: dict[str, Any] = event["response"]
             return ended
-        if kind in ("response.created", "response.in_progress", "response.queued"):
+        if kind in ev.OPENING_EVENTS:
             response = event["response"]
         elif kind in ("response.output_item.added", "response.output_item.done"):
             items[event["output_index"]] = copy.deepcopy(event["item"])

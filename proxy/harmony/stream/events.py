@@ -15,9 +15,11 @@ import orjson
 Event = dict[str, Any]
 Item = dict[str, Any]
 
-# Item types; also the "kind" of an open item in stream/repair.py.
 #: The events that end a response's stream: exactly one of them, last.
 TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+#: The events that announce a response before its output (each carries the response object).
+OPENING_EVENTS = frozenset({"response.created", "response.in_progress", "response.queued"})
+# Item types; also the "kind" of an open item in stream/repair.py.
 REASONING = "reasoning"
 MESSAGE = "message"
 FUNCTION_CALL = "function_call"

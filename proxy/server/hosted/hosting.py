@@ -6,6 +6,9 @@ without `mcp` tools or `mcp_*` items renders as before; one with them is planned
 (plan.py) and its planned body rendered. When a plan was made (`plan` not None), the route
 answers with `answer` (a stream to its sink: SSE, or WebSocket messages) or `answer_json`
 (`stream: false`) in place of the exchange's own answer.
+
+The planning lists servers and may run approved calls: given the route's `inbound`, it is
+cancelled when the client goes away first (`asgi.ClientDisconnected`), its MCP sessions closed.
 """
 
 from __future__ import annotations
@@ -28,18 +31,34 @@ from proxy.server.sink import NO_SINK, EventSink
 class Hosting:
     """One request's hosted-tool state: its plan, once rendered (None: no MCP involved)."""
 
-    def __init__(self, hosted: Hosted | None, renderer: Renderer) -> None:
+    def __init__(
+        self, hosted: Hosted | None, renderer: Renderer, inbound: asgi.Inbound | None = None
+    ) -> None:
         self.hosted = hosted
         self.renderer = renderer
+        self.inbound = inbound
         self.plan: Plan | None = None
 
     async def render(self, body: dict[str, Any]) -> PreparedRequest:
         renderer, hosted = self.renderer, self.hosted
         if hosted is None or not involves_mcp(body):
             return await renderer.prepare(body)
-        self.plan = await plan(hosted, body)
+        self.plan = await self._planned(hosted, body)
         prepared = await renderer.prepare(self.plan.body)
         return self.plan.reading_calls(prepared) if self.plan.withdrawn else prepared
+
+    async def _planned(self, hosted: Hosted, body: dict[str, Any]) -> Plan:
+        """`plan`, cancelled when the client goes away first."""
+        if self.inbound is None:
+            return await plan(hosted, body)
+        made: list[Plan] = []
+
+        async def planning() -> None:
+            made.append(await plan(hosted, body))
+
+        if await asgi.run_until_disconnect(self.inbound, planning()):
+            raise asgi.ClientDisconnected("the client went away while its MCP tools were planned")
+        return made[0]
 
     async def answer(self, exchange: Exchange, sink: EventSink, *, generate: bool = True) -> None:
         """The response's events to `sink`; `generate=False`: settled without an upstream pass

@@ -29,15 +29,14 @@ from typing import Any
 from proxy.errors import ProxyError
 from proxy.harmony.mcp import declare, items
 from proxy.harmony.request.prepare import PreparedRequest
-from proxy.harmony.stream.events import TERMINAL_EVENTS, error_event
+from proxy.harmony.stream.events import OPENING_EVENTS, TERMINAL_EVENTS, error_event
 from proxy.server.exchange import Exchange
-from proxy.server.hosted.plan import Plan, not_run
+from proxy.server.hosted.plan import Plan
 from proxy.server.hosted.tools import Hosted
 
 Event = dict[str, Any]
 Emit = Callable[[list[Event]], Awaitable[None]]
 Batches = AsyncGenerator[list[Event], None]
-_OPENING = frozenset({"response.created", "response.in_progress", "response.queued"})
 
 
 class Loop:
@@ -64,16 +63,29 @@ class Loop:
         self.head: dict[str, Any] | None = None
         #: The last terminal event seen (to end the response from, e.g. when a pass breaks).
         self.last: Event | None = None
+        #: The pass being read: after its terminal event, its tail is read (`_finish_pass`).
+        self._current: Batches | None = None
 
     async def run(self, emit: Emit, *, generate: bool = True) -> None:
         """Answer; `generate=False` settles the response from the plan alone, no upstream
         pass (a WebSocket warm-up)."""
-        started = self.hosted.monotonic()
-        exchange, body = self.first, self.plan.body
+        exchange = self.first
         batches = exchange.batches() if generate else _settled(exchange)
         opening, withdrawn = True, self.plan.withdrawn
         self.calls = self.plan.calls
+        try:
+            await self._passes(emit, batches, opening=opening, withdrawn=withdrawn)
+        finally:
+            current, self._current = self._current, None
+            if current is not None:  # cancelled, or broken: its connection is closed
+                await current.aclose()
+
+    async def _passes(
+        self, emit: Emit, batches: Batches, *, opening: bool, withdrawn: bool
+    ) -> None:
+        body = self.plan.body
         while True:
+            self._current = batches
             try:
                 terminal, calls, kept = await self._pass(batches, emit, opening=opening)
             except ProxyError as error:
@@ -92,7 +104,8 @@ class Loop:
                 await self._end(emit, terminal)
                 return
             call = calls[0]  # gpt-oss stops at its first call (`<|call|>`)
-            spent = self._spent(started)
+            await self._finish_pass()
+            spent = self._spent()
             if spent is not None:
                 result: dict[str, Any] | None = await self._unrun(emit, call, spent)
                 if withdrawn:  # it had no MCP tool to call: the response ends here
@@ -107,7 +120,7 @@ class Loop:
             body = {**body, "input": history}
             if self.plan.tool_choice is not None:
                 body["tool_choice"] = "auto"  # the forced call was made
-            withdrawn = self._spent(started) is not None
+            withdrawn = self._spent() is not None
             try:
                 if withdrawn:
                     rendered = await self.render(self.plan.withdraw(body))
@@ -122,16 +135,9 @@ class Loop:
                 return
             batches = exchange.batches()
 
-    def _spent(self, started: float) -> str | None:
-        """Why no call may run now (None: one may)."""
-        if self.calls >= self.plan.max_calls:
-            return not_run(self.plan.max_calls)
-        if self.hosted.monotonic() - started > self.hosted.loop_timeout:
-            return (
-                f"not run: this response's tool loop passed its time limit of "
-                f"{self.hosted.loop_timeout:g} s (the proxy's mcp_loop_timeout)"
-            )
-        return None
+    def _spent(self) -> str | None:
+        """Why no call may run now (None: one may); the time counts from the plan's start."""
+        return self.plan.spent(self.hosted, self.calls)
 
     async def _unrun(self, emit: Emit, call: dict[str, Any], reason: str) -> dict[str, Any]:
         """The model's call, shown and not run (module doc)."""
@@ -157,50 +163,61 @@ class Loop:
         # The items made before the plan's (a compaction) stay first: the approved calls ran
         # after it, and a later request must not drop them as history before it.
         made = len(self.first.prepared.leading)
-        async with contextlib.aclosing(batches):
-            async for batch in batches:
-                if not batch:  # time for a keepalive (`Exchange.batches`)
-                    await emit([])
+        # Not closed at its terminal event: the caller reads the pass's tail (`_finish_pass`).
+        async for batch in batches:
+            if not batch:  # time for a keepalive (`Exchange.batches`)
+                await emit([])
+                continue
+            out: list[Event] = []
+            for event in batch:
+                kind = event["type"]
+                if kind in OPENING_EVENTS:
+                    if opening:
+                        out.append(self._with_tools(event))
                     continue
-                out: list[Event] = []
-                for event in batch:
-                    kind = event["type"]
-                    if kind in _OPENING:
-                        if opening:
-                            out.append(self._with_tools(event))
-                        continue
-                    if kind in TERMINAL_EVENTS:
-                        if opening and len(self.output) == made and self.plan.opening:
-                            out += self._opening_events()
-                        await self._write(emit, out)
-                        for item in event["response"].get("output", []):
-                            if self._is_mcp_call(item):
-                                calls.append(item)
-                            else:
-                                kept.append(item)
-                        return event, calls, kept
-                    index: int | None = event.get("output_index")
-                    if index is None:
-                        out.append(event)
-                        continue
-                    if kind == "response.output_item.added" and self._is_mcp_call(event["item"]):
-                        hidden.add(index)
-                    if index in hidden:
-                        continue
-                    if kind == "response.output_item.added":
-                        if opening and len(self.output) == made and self.plan.opening:
-                            out += self._opening_events()
-                        index_map[index] = len(self.output)
-                        self.output.append(event["item"])
-                    mapped = index_map.get(index, index)
-                    event = {**event, "output_index": mapped}
-                    if kind == "response.output_item.done":
-                        self.output[mapped] = event["item"]
+                if kind in TERMINAL_EVENTS:
+                    if opening and len(self.output) == made and self.plan.opening:
+                        out += self._opening_events()
+                    await self._write(emit, out)
+                    for item in event["response"].get("output", []):
+                        if self._is_mcp_call(item):
+                            calls.append(item)
+                        else:
+                            kept.append(item)
+                    return event, calls, kept
+                index: int | None = event.get("output_index")
+                if index is None:
                     out.append(event)
-                if opening and any(e["type"] == "response.in_progress" for e in out):
-                    out += self._opening_events()
-                await self._write(emit, out)
+                    continue
+                if kind == "response.output_item.added" and self._is_mcp_call(event["item"]):
+                    hidden.add(index)
+                if index in hidden:
+                    continue
+                if kind == "response.output_item.added":
+                    if opening and len(self.output) == made and self.plan.opening:
+                        out += self._opening_events()
+                    index_map[index] = len(self.output)
+                    self.output.append(event["item"])
+                mapped = index_map.get(index, index)
+                event = {**event, "output_index": mapped}
+                if kind == "response.output_item.done":
+                    self.output[mapped] = event["item"]
+                out.append(event)
+            if opening and any(e["type"] == "response.in_progress" for e in out):
+                out += self._opening_events()
+            await self._write(emit, out)
         return None, calls, kept
+
+    async def _finish_pass(self) -> None:
+        """Read the rest of the pass whose terminal event was seen: its exchange reads
+        upstream's tail (`Frames.release`, bounded in time and frames), and the connection goes
+        back to the pool for the next pass or request instead of being closed."""
+        current, self._current = self._current, None
+        if current is None:
+            return
+        async with contextlib.aclosing(current):
+            async for _ in current:  # nothing follows a terminal event but the tail's reading
+                pass
 
     def _opening_events(self) -> list[Event]:
         """The items made before the first pass (listings, approved calls), once."""
@@ -272,6 +289,7 @@ class Loop:
             terminal = {**terminal, "type": "response.failed"}
         self.snapshot = response
         await self._write(emit, [{**terminal, "response": response}])
+        await self._finish_pass()  # once the client has its terminal event, as `Exchange` does
 
     def cancelled(self) -> list[Event]:
         """The events that end a stored copy of a response whose client went away mid-loop."""

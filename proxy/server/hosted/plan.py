@@ -6,9 +6,14 @@ the declared servers and their tools, the output items that open the response (t
 made now, the calls approved now), and the order of the tools' echo.
 
 The call budget is the request's `max_tool_calls` or the operator's `mcp_max_calls`, the
-smaller; an approved call counts. Spent before the first pass (`max_tool_calls: 0`), the
-servers are still listed but their namespaces are withdrawn from the prompt (`withdrawn`), as
-the loop withdraws them once spent later (`Plan.withdraw`).
+smaller; an approved call counts, and so does its time: `mcp_loop_timeout` runs from the start of
+the plan, so an approved call past it (or past the budget) is shown unrun. Spent before the first
+pass (`max_tool_calls: 0`), the servers are still listed but their namespaces are withdrawn from
+the prompt (`withdrawn`), as the loop withdraws them once spent later (`Plan.withdraw`).
+
+Planning is bounded: at most `mcp_max_servers` `mcp` tools (more is a 400), listed concurrently
+(hosted/tools.py, `Hosted.listings`), and the approved calls within the budget. The route cancels
+it when its client goes away (hosting.py), closing the MCP sessions it holds.
 """
 
 from __future__ import annotations
@@ -44,6 +49,19 @@ class Plan:
     calls: int = 0
     #: The budget was spent before the first pass: `body` holds none of the servers' tools.
     withdrawn: bool = False
+    #: When planning began (the hosted clock): `mcp_loop_timeout` counts from it.
+    started: float = 0.0
+
+    def spent(self, hosted: Hosted, calls: int) -> str | None:
+        """Why no call may run once `calls` have (None: one may): the budget, or the time."""
+        if calls >= self.max_calls:
+            return not_run(self.max_calls)
+        if hosted.monotonic() - self.started > hosted.loop_timeout:
+            return (
+                f"not run: this response's tool loop passed its time limit of "
+                f"{hosted.loop_timeout:g} s (the proxy's mcp_loop_timeout)"
+            )
+        return None
 
     def withdraw(self, body: dict[str, Any]) -> dict[str, Any]:
         """`body` without the servers' namespaces, its `tool_choice` auto: the model may only
@@ -88,8 +106,8 @@ async def plan(hosted: Hosted, body: dict[str, Any]) -> Plan:
     """The plan of a body that `involves_mcp` (module doc); 400 for a bad or refused server."""
     declared = body.get("tools")
     tools: list[Any] = declared if isinstance(declared, list) else []
-    result = Plan(body=body)
-    urls: dict[str, str] = {}
+    result = Plan(body=body, started=hosted.monotonic())
+    _within_cap(tools, hosted.max_servers)
     for index, tool in enumerate(tools):
         if not (isinstance(tool, dict) and tool.get("type") == "mcp"):
             result.echoes.append(None)
@@ -115,15 +133,16 @@ async def plan(hosted: Hosted, body: dict[str, Any]) -> Plan:
                 refused.message, param=f"{path}.server_url", code=refused.code
             ) from None
         result.servers[server.label] = server
-        urls[server.label] = path
         result.echoes.append(declare.echo(tool))
     carried = carry(body.get("input"))
-    for label, server in result.servers.items():
+    unlisted = [s for label, s in result.servers.items() if label not in carried.listed]
+    found = await hosted.listings(unlisted)
+    for label in result.servers:
         reused = carried.listed.get(label)
         if reused is not None:
             result.listed[label] = reused
             continue
-        listed, error, _ = await hosted.listing(server)
+        listed, error = found[label]
         result.listed[label] = listed
         result.opening.append(items.list_tools_item(hosted.ids("mcpl"), label, listed, error))
     given: Any = carried.items
@@ -137,13 +156,14 @@ async def plan(hosted: Hosted, body: dict[str, Any]) -> Plan:
                 param="tools",
                 code="invalid_value",
             )
-        if result.calls >= result.max_calls:
+        spent = result.spent(hosted, result.calls)
+        if spent is not None:
             call = items.unrun_call_item(
                 hosted.ids("mcp"),
                 answered.label,
                 request["name"],
                 request["arguments"],
-                not_run(result.max_calls),
+                spent,
                 approval_request_id=request["id"],
             )
             hosted.count_unrun(answered)
@@ -158,6 +178,7 @@ async def plan(hosted: Hosted, body: dict[str, Any]) -> Plan:
     rendered = [
         tool for tool in tools if not (isinstance(tool, dict) and tool.get("type") == "mcp")
     ]
+    # The time alone never withdraws the first pass: the model sees the tools it was given.
     result.withdrawn = result.calls >= result.max_calls
     for label, server in result.servers.items():
         namespace = declare.as_namespace(server, result.listed[label])
@@ -173,6 +194,18 @@ async def plan(hosted: Hosted, body: dict[str, Any]) -> Plan:
         # No call may run: the model answers (`max_tool_calls` wins over the choice).
         result.body["tool_choice"] = "auto" if result.withdrawn else function_choice
     return result
+
+
+def _within_cap(tools: list[Any], cap: int) -> None:
+    """A 400 for more than `cap` `mcp` tools, before any is checked or listed."""
+    count = sum(1 for tool in tools if isinstance(tool, dict) and tool.get("type") == "mcp")
+    if count > cap:
+        raise ClientError(
+            f"'tools' declares {count} 'mcp' tools; this proxy takes at most {cap} per request "
+            "(its mcp_max_servers)",
+            param="tools",
+            code="array_above_max_length",
+        )
 
 
 def budget(body: dict[str, Any], max_calls: int) -> int:

@@ -7,6 +7,7 @@ Metrics are labelled by the request's `server_label`, capped at `_MAX_LABELS` di
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -77,6 +78,8 @@ class Hosted:
     max_calls: int
     loop_timeout: float
     metrics: McpMetrics
+    #: `mcp` tools one request may declare (`mcp_max_servers`).
+    max_servers: int = 16
     monotonic: Callable[[], float] = time.monotonic
     ids: Callable[[str], str] = field(default=lambda prefix: prefix)
     #: Each call a client span under the request's when tracing is on.
@@ -95,6 +98,7 @@ class Hosted:
             cache=ToolCache(settings.mcp_list_cache_seconds, 1024, monotonic),
             limits=Limits(settings.mcp_call_timeout, settings.mcp_result_max_chars),
             max_calls=settings.mcp_max_calls,
+            max_servers=settings.mcp_max_servers,
             loop_timeout=settings.mcp_loop_timeout,
             metrics=McpMetrics(registry),
             monotonic=monotonic,
@@ -118,6 +122,28 @@ class Hosted:
         self.metrics.lists.labels(label, "ok").inc()
         self.cache.put(key, tools)
         return tools, None, True
+
+    async def listings(
+        self, servers: list[Server]
+    ) -> dict[str, tuple[list[dict[str, Any]], str | None]]:
+        """The tools (and an error message) of each of `servers`, by label: the servers listed
+        concurrently, so all of them within one `mcp_call_timeout`; servers at one URL with
+        one credential are listed once (the others count as reusing it)."""
+        groups: dict[str, list[Server]] = {}
+        for server in servers:
+            groups.setdefault(credential_key(server.url, server.headers), []).append(server)
+        # A TaskGroup: cancelled (the client went away), every listing is, its session closed.
+        async with asyncio.TaskGroup() as group:
+            tasks = [(same, group.create_task(self.listing(same[0]))) for same in groups.values()]
+        found: dict[str, tuple[list[dict[str, Any]], str | None]] = {}
+        for same, task in tasks:
+            tools, error, _ = task.result()
+            for server in same:
+                found[server.label] = (tools, error)
+            for server in same[1:]:
+                outcome = "error" if error is not None else "cached"
+                self.metrics.lists.labels(self.metrics.label(server.label), outcome).inc()
+        return found
 
     def count_unrun(self, server: Server) -> None:
         """A call the model made that the budget left unrun."""

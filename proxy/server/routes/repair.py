@@ -66,7 +66,7 @@ async def serve_repaired(
     model = str(body.get("model"))
     id_header = [(b"x-request-id", request_id.encode())]
     scope_key = scope_of(scope["headers"], settings.store_scope_header)
-    hosting = Hosting(services.hosted, deps.renderer)
+    hosting = Hosting(services.hosted, deps.renderer, inbound)
     if deps.tracing is not None:
         deps.tracing.genai_request(body, request_id)
     try:
@@ -81,7 +81,7 @@ async def serve_repaired(
             inbound=inbound,
             hosting=hosting,
         )
-    except asgi.ClientDisconnected:  # gone while its compaction ran (cancelled with it)
+    except asgi.ClientDisconnected:  # gone while its compaction or MCP planning ran (cancelled)
         metrics.disconnects.labels("before_upstream").inc()
         return
     except ProxyError as error:
