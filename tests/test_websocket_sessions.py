@@ -174,7 +174,7 @@ def test_an_unstored_history_over_the_message_limit_is_not_kept_and_naming_it_is
 
 
 def generations(state: Any) -> int:
-    return sum(1 for record in state.requests if record.path == "/v1/completions")
+    return sum(1 for r in state.requests if r.path == "/v1/completions" and r.stream)
 
 
 def hold_budget(proxy: Proxy) -> socket.socket:
