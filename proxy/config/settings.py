@@ -123,11 +123,12 @@ class Settings:
     ws_max_message_bytes: int = setting(
         16 * 1024 * 1024, values.positive_int,
         "largest WebSocket message a client may send on GET /v1/responses (the connection is "
-        "closed with 1009 above it)")
+        "closed with 1009 above it); also the most unstored history a session keeps for "
+        "previous_response_id")
     ws_idle_timeout: float = setting(
         300.0, values.positive_float,
-        "seconds a WebSocket session on /v1/responses may stay without a turn running and "
-        "without a client message before it is closed")
+        "seconds a WebSocket session on /v1/responses may stay without a response starting "
+        "or ending before it is closed (other messages, refused turns included, do not count)")
     ws_ping_interval: float = setting(
         20.0, values.positive_float,
         "seconds between the proxy's WebSocket pings; a client that answers none within as long "

@@ -13,7 +13,7 @@ _TURN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 
 
 class WebSocketMetrics:
-    """Sessions open, messages by direction, turns per session."""
+    """Sessions open, messages by direction, turns per session, history bytes kept."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.sessions = gauge(
@@ -34,4 +34,11 @@ class WebSocketMetrics:
             "proxy_websocket_turns_per_session",
             "response.create turns answered per WebSocket session, observed when it ends",
             _TURN_BUCKETS,
+        )
+        self.kept = gauge(
+            registry,
+            "proxy_websocket_kept_bytes",
+            "encoded bytes of unstored history the open WebSocket sessions keep for "
+            "previous_response_id (each at most ws_max_message_bytes)",
+            "livesum",
         )

@@ -1,16 +1,32 @@
 """One repaired exchange's end, counted and logged: `proxy_requests_total`, the duration, what the
 repair did (the core's record), the self-check, and the request's one log line. The same for an
-exchange with a client (routes/repair.py) and for a background run (stateful/background.py)."""
+exchange with a client (routes/repair.py over HTTP, routes/turn.py over a WebSocket) and for a
+background run (stateful/background.py).
+
+`answering` is the bookkeeping of an answer with a client, the one both routes use: the stream
+counted in flight, a refusal before upstream's head counted by kind (`refused`), a client gone
+or too slow to read (`OSError`, a cancellation) counted as a disconnect unless it had its whole
+answer, the stored copy ended with it, then `report`.
+"""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
+from proxy.errors import ClientError, ProxyError, UnavailableError, UpstreamError
 from proxy.harmony.stream.record import RepairRecord
 from proxy.metrics import genai
+from proxy.metrics.serving import CLIENT_TIMEOUT
+from proxy.server import asgi
 from proxy.server.deps import RepairDeps
 from proxy.server.exchange import Exchange
 from proxy.tracing import Tracing, event_time
+
+#: The 429's code when the proxy serves `max_concurrent_streams` already.
+TOO_MANY_STREAMS = "too_many_streams"
 
 #: The statuses a response can end with; anything else ended it as failed.
 _ENDED = frozenset({"completed", "incomplete", "failed", "cancelled"})
@@ -20,6 +36,89 @@ def outcome_of(exchange: Exchange) -> str:
     """The `outcome` label of an exchange that ran to its end: its response's status."""
     status = exchange.core.status
     return status if status in _ENDED else "failed"
+
+
+def refused_outcome(error: ProxyError) -> str:
+    """The outcome a refusal before upstream's answer is counted as: `rejected` (the proxy has
+    no room now), `client_error`, or `upstream_error` (upstream, or the store, failed)."""
+    if isinstance(error, UnavailableError) or error.code == TOO_MANY_STREAMS:
+        return "rejected"
+    if isinstance(error, ClientError):
+        return "client_error"
+    return "upstream_error"
+
+
+class Answer:
+    """How one answer with a client is ending (module doc); `outcome` is its label."""
+
+    def __init__(self, deps: RepairDeps, exchange: Exchange) -> None:
+        self._deps = deps
+        self._exchange = exchange
+        self.outcome = "client_disconnect"
+
+    def ended(self) -> None:
+        """The exchange ran to its end."""
+        self.outcome = outcome_of(self._exchange)
+
+    def refused(self, error: ProxyError) -> None:
+        """Upstream refused it before the first event (the route answers `error` itself)."""
+        exchange, metrics = self._exchange, self._deps.metrics
+        # A `stream: false` answer whose upstream broke mid-way was counted by the exchange's
+        # `_fail` already: counted once, not twice.
+        counted = exchange.error_code is not None
+        exchange.status, exchange.error_code = error.status, error.code
+        self.outcome = refused_outcome(error)
+        if error.code and not counted and isinstance(error, UpstreamError):
+            kind = "timeout" if error.code == "upstream_timeout" else error.code
+            metrics.upstream_errors.labels(kind).inc()
+            if kind == "timeout":
+                metrics.timeouts.labels("first_byte").inc()
+
+    def gone(self, error: BaseException | None = None) -> None:
+        """The client went, or stopped reading (`asgi.SendTimeout`)."""
+        exchange, metrics = self._exchange, self._deps.metrics
+        if isinstance(error, asgi.SendTimeout):
+            metrics.timeouts.labels(CLIENT_TIMEOUT).inc()
+        if exchange.delivered:
+            # The client had its whole answer and hung up while upstream's tail was read
+            # (`Frames.release`): a finished response, not a disconnect.
+            self.outcome = outcome_of(exchange)
+        else:
+            self.outcome = "client_disconnect"
+            metrics.disconnects.labels(exchange.phase).inc()
+
+
+@asynccontextmanager
+async def answering(
+    deps: RepairDeps,
+    exchange: Exchange,
+    stream_label: str,
+    model: str,
+    body: dict[str, Any],
+    **extra: Any,
+) -> AsyncIterator[Answer]:
+    """Count `exchange` in flight while the block answers it, and its end (module doc); an
+    `OSError` of the block (the client's socket) ends it as `Answer.gone`. `extra`: more fields
+    of the log line (the WebSocket transport)."""
+    state, metrics = deps.state, deps.metrics
+    answer = Answer(deps, exchange)
+    state.in_flight += 1
+    metrics.in_flight.inc()
+    try:
+        try:
+            yield answer
+        except OSError as error:  # the client's socket died mid-send, or it stopped reading
+            answer.gone(error)
+        except asyncio.CancelledError:  # the client went (its session cancelled the turn)
+            answer.gone()
+            raise
+    finally:
+        state.in_flight -= 1
+        metrics.in_flight.dec()
+        if exchange.recorder is not None and not exchange.recorder.finished:
+            # Ended early (client gone, error before the first byte): so does its stored copy.
+            await exchange.recorder.finish(exchange.settle(), wait=False)
+        report(deps, exchange, answer.outcome, stream_label, model, body, **extra)
 
 
 def report(

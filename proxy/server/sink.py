@@ -7,8 +7,9 @@ the transport that carries the events to the client.
     close()         after the terminal event (SSE: the end of the body)
 
 `SseSink` writes server-sent events on an HTTP response; `WebSocketSink` writes one JSON text
-message per event on a WebSocket (routes/websocket.py), the pings of the WebSocket protocol
-keeping it alive; `NO_SINK` is a run with no client (a background response).
+message per event on a WebSocket (routes/websocket.py, routes/turn.py), the pings of the
+WebSocket protocol keeping it alive, and a refusal as the spec's `error` event (`error`);
+`NO_SINK` is a run with no client (a background response).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import orjson
 from starlette.types import Send
 
 from proxy import sse
+from proxy.errors import ProxyError
 from proxy.server import asgi
 
 
@@ -77,6 +79,12 @@ class WebSocketSink:
 
     async def keepalive(self) -> None:
         return None  # the WebSocket's own ping/pong keeps the connection alive
+
+    async def error(self, error: ProxyError) -> None:
+        """A refusal before any event of the response: an `error` event (the spec's
+        `ResponseWsError`: `status` and the OpenAI error body), with the `stream_id`."""
+        event: dict[str, Any] = {"type": "error", "status": error.status, **error.to_body()}
+        await self.events([event])
 
     async def close(self) -> None:
         return None

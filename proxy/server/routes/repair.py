@@ -25,16 +25,17 @@ from typing import Any
 
 from starlette.types import Scope, Send
 
+from proxy.config.settings import Settings
 from proxy.errors import ClientError, ProxyError, UnavailableError, UpstreamError
 from proxy.harmony.constraint import OutputConstraint
 from proxy.harmony.request.prepare import PreparedRequest
-from proxy.metrics.serving import CLIENT_TIMEOUT
 from proxy.server import asgi
+from proxy.server.capability import first_probe
 from proxy.server.compaction import compacting
-from proxy.server.deps import until_drained
+from proxy.server.deps import ServerState, until_drained
 from proxy.server.exchange import Exchange
 from proxy.server.hosted.hosting import Hosting
-from proxy.server.outcome import outcome_of, report
+from proxy.server.outcome import TOO_MANY_STREAMS, answering, refused_outcome
 from proxy.server.routes.answers import refuse
 from proxy.server.services import Services
 from proxy.server.sink import SseSink
@@ -60,7 +61,7 @@ async def serve_repaired(
     """Serve a parsed `/v1/responses` body whose model is in the repair set. `on_prepared` is
     called once the body is rendered (or refused): the app's body budget then lets it go."""
     deps, stateful = services.deps, services.stateful
-    metrics, state, settings = deps.metrics, deps.state, deps.settings
+    metrics, settings = deps.metrics, deps.settings
     stream = body.get("stream") is True
     stream_label = "true" if stream else "false"
     model = str(body.get("model"))
@@ -97,16 +98,11 @@ async def serve_repaired(
         )
         return
     exchange, queued = admitted.exchange, admitted.queued
-    outcome = "client_error"
-
     if queued is not None:  # it runs in background.py, counted and logged there
         assert stateful is not None
         await answer_background(stateful, scope_key, queued, inbound, send, id_header, stream)
         return
-    state.in_flight += 1
-    metrics.in_flight.inc()
-    disconnected = False
-    try:
+    async with answering(deps, exchange, stream_label, model, body) as answer:
         try:
             timed_send = asgi.with_send_timeout(send, settings.send_timeout)
             if hosting.plan is not None and stream:
@@ -117,44 +113,31 @@ async def serve_repaired(
                 work = exchange.stream(SseSink(timed_send, request_id))
             else:
                 work = exchange.answer(timed_send)
-            disconnected = await asgi.run_until_disconnect(inbound, work)
+            if await asgi.run_until_disconnect(inbound, work):
+                answer.gone()
+            else:
+                answer.ended()
         except ProxyError as error:  # before the first byte: an HTTP error
-            # A `stream: false` answer whose upstream broke mid-way was counted by `_fail`
-            # already: counted once, not twice.
-            counted = exchange.error_code is not None
-            exchange.status = error.status
-            exchange.error_code = error.code
-            outcome = "client_error" if isinstance(error, ClientError) else "upstream_error"
+            answer.refused(error)
             if isinstance(error, UnavailableError):
-                outcome = "rejected"
                 id_header = [*id_header, (b"retry-after", b"1")]
-            if error.code and not counted:
-                kind = "timeout" if error.code == "upstream_timeout" else error.code
-                if isinstance(error, UpstreamError):
-                    metrics.upstream_errors.labels(kind).inc()
-                    if kind == "timeout":
-                        metrics.timeouts.labels("first_byte").inc()
             await asgi.send_error(send, error, id_header)
-        except OSError as exc:  # the client's socket died mid-send, or it stopped reading
-            disconnected = True
-            if isinstance(exc, asgi.SendTimeout):
-                metrics.timeouts.labels(CLIENT_TIMEOUT).inc()
-        else:
-            outcome = outcome_of(exchange)
-        if disconnected and exchange.delivered:
-            # The client had its whole answer and hung up while upstream's tail was read
-            # (`Frames.release`): a finished response, not a disconnect.
-            outcome = outcome_of(exchange)
-        elif disconnected:
-            outcome = "client_disconnect"
-            metrics.disconnects.labels(exchange.phase).inc()
-    finally:
-        state.in_flight -= 1
-        metrics.in_flight.dec()
-        if exchange.recorder is not None and not exchange.recorder.finished:
-            # Ended early (client gone, error before the first byte): so does its stored copy.
-            await exchange.recorder.finish(exchange.settle(), wait=False)
-    report(deps, exchange, outcome, stream_label, model, body)
+
+
+async def probed(state: ServerState) -> None:
+    """Before the first capability probe has ended (a new worker), wait for it: what upstream
+    can do is not known yet (capability.py `first_probe`; 503 when it does not end in time)."""
+    if not state.probed.is_set():
+        await until_drained(state, first_probe(state))
+
+
+def passes_through(settings: Settings, state: ServerState, model: Any) -> bool:
+    """Whether a body for `model` goes to upstream untouched rather than repaired: a model
+    outside `repair_models`, or an upstream that cannot give token ids with
+    `passthrough_when_incapable`."""
+    return (isinstance(model, str) and not settings.repairs(model)) or (
+        not state.capability.token_ids and settings.passthrough_when_incapable
+    )
 
 
 @dataclass
@@ -165,15 +148,6 @@ class Admitted:
     exchange: Exchange
     context: Context | None
     queued: dict[str, Any] | None = None
-
-
-def refused_outcome(error: ProxyError) -> str:
-    """The outcome a refusal before upstream is counted as."""
-    if isinstance(error, UpstreamError):
-        return "upstream_error"
-    if isinstance(error, UnavailableError) or error.code == TOO_MANY_STREAMS:
-        return "rejected"
-    return "client_error"
 
 
 async def admit(
@@ -273,10 +247,6 @@ async def admit(
         else:
             exchange.recorder = recorder(stateful, exchange.response_id, scope_key, context)
     return admitted
-
-
-#: The 429's code when the proxy serves `max_concurrent_streams` already.
-TOO_MANY_STREAMS = "too_many_streams"
 
 
 #: The 400's code when a constraint would go unenforced and the policy is to refuse it.

@@ -18,12 +18,11 @@ from starlette.types import Receive, Scope, Send
 from proxy.errors import ClientError, ProxyError, UnavailableError
 from proxy.harmony.request.prepare import parse_body
 from proxy.server import asgi
-from proxy.server.capability import first_probe
-from proxy.server.deps import SHUTTING_DOWN, until_drained
+from proxy.server.deps import SHUTTING_DOWN
 from proxy.server.http.budget import discard_body, read_body
 from proxy.server.routes.answers import refuse, services_in
 from proxy.server.routes.passthrough import forward
-from proxy.server.routes.repair import serve_repaired
+from proxy.server.routes.repair import passes_through, probed, serve_repaired
 
 
 async def create(scope: Scope, receive: Receive, send: Send) -> None:
@@ -60,16 +59,12 @@ async def create(scope: Scope, receive: Receive, send: Send) -> None:
             outcome = _outcome(error)
             await refuse(services, send, error, request_id, started, outcome=outcome, close=close)
             return
-        model = body.get("model")
-        if not state.probed.is_set():  # a new worker: what upstream can do is not known yet
-            try:
-                await until_drained(state, first_probe(state))
-            except UnavailableError as error:
-                await refuse(services, send, error, request_id, started, outcome=_outcome(error))
-                return
-        if (isinstance(model, str) and not settings.repairs(model)) or (
-            not state.capability.token_ids and settings.passthrough_when_incapable
-        ):
+        try:
+            await probed(state)  # a new worker: what upstream can do is not known yet
+        except UnavailableError as error:
+            await refuse(services, send, error, request_id, started, outcome=_outcome(error))
+            return
+        if passes_through(settings, state, body.get("model")):
             hold.release()
             await forward(services, scope, inbound, send, request_id, started, body=raw)
             return

@@ -5,11 +5,10 @@ The connection itself — handshake under the HTTP guard's head limits, message 
 ping/pong, a client that stops reading — is the guard's and uvicorn's (http/upgrade.py). Here:
 
     response.create   the fields of `POST /v1/responses` (`stream` implicit; `background`
-                      refused; `stream_id` echoed in the turn's events) → the same path as
-                      over HTTP (routes/repair.py `admit`, exchange.py), events written by a
-                      `WebSocketSink`; counted and logged per response as over HTTP, with
-                      `transport: ws`; hosted MCP tools run in the same loop
-                      (server/hosted/)
+                      refused; `stream_id` echoed in the turn's events) → a turn
+                      (routes/turn.py): the decisions of the HTTP route, its body budget, the
+                      same admission and exchange, counted and logged per response as over
+                      HTTP with `transport: ws`
     a second one      while a turn runs: an `error` event (`websocket_stream_limit_reached`);
                       turns run one at a time
     anything else     bad JSON, a binary message, an unknown `type`: an `error` event, the
@@ -17,36 +16,33 @@ ping/pong, a client that stops reading — is the guard's and uvicorn's (http/up
     refusals          every error before a turn's first event is an `error` event
                       (`ResponseWsError`: `status` and `error`)
 
-The session keeps its last response, stored or not: a `previous_response_id` naming it is
-merged here from what the session kept, also with `store: false` (a stored one goes through the
-store, as over HTTP). Nothing kept outlives the connection, and the store is read with the
-credential of the handshake. The session ends on the client's close or disconnect (the turn
-running is cancelled, and with it its upstream request), after `ws_idle_timeout` without a turn
-or a message (close 1000), and on the drain: the turn running ends with its terminal event, new
-turns are refused, then close 1001.
+The session keeps its last response (harmony/history/session.py): a stored one as its id (it is
+continued through the store, as over HTTP), an unstored one as its history when that fits
+`ws_max_message_bytes`, merged into a turn naming it in `previous_response_id`. Nothing kept
+outlives the connection, and the store is read with the credential of the handshake.
+
+The session ends on the client's close or disconnect (the turn running is cancelled, and with
+it its upstream request); after `ws_idle_timeout` without a response starting or ending (close
+1000: messages that start none — junk, refused turns — keep no session open); and on the drain:
+the turn running ends with its terminal event, new turns are refused, then close 1001.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from starlette.types import Receive, Scope, Send
 
-from proxy.errors import ClientError, ProxyError, UnavailableError, UpstreamError
-from proxy.harmony.history import chain as history
+from proxy.errors import ClientError, ProxyError, UnavailableError
 from proxy.metrics.websocket import WebSocketMetrics
 from proxy.server.deps import SHUTTING_DOWN
-from proxy.server.hosted.hosting import Hosting
-from proxy.server.outcome import outcome_of, report
-from proxy.server.routes.answers import count_refusal, services_in
-from proxy.server.routes.repair import Admitted, admit, refused_outcome
+from proxy.server.routes.answers import services_in
+from proxy.server.routes.turn import Turns
 from proxy.server.services import Services
 from proxy.server.sink import WebSocketSink
-from proxy.server.stateful.scope import scope_of
 
 #: Close codes: normal (idle), going away (the drain).
 NORMAL, GOING_AWAY = 1000, 1001
@@ -64,7 +60,7 @@ async def session(scope: Scope, receive: Receive, send: Send) -> None:
     services = services_in(scope)
     await send({"type": "websocket.accept"})
     if services.state.draining:
-        await _send_error(send, _shutting_down(), None)
+        await WebSocketSink(send).error(_shutting_down())
         await send({"type": "websocket.close", "code": GOING_AWAY})
         return
     metrics = services.websocket
@@ -74,17 +70,7 @@ async def session(scope: Scope, receive: Receive, send: Send) -> None:
         await run.serve(receive)
     finally:
         metrics.sessions.dec()
-        metrics.turns.observe(run.turns)
-
-
-@dataclass
-class _Last:
-    """The session's last response: its id, whether the store has it, and its context (the
-    input it was made from, then its output)."""
-
-    response_id: str
-    stored: bool
-    items: list[Any]
+        metrics.turns.observe(run.turns.count)
 
 
 class Session:
@@ -94,25 +80,23 @@ class Session:
         self, services: Services, scope: Scope, send: Send, metrics: WebSocketMetrics
     ) -> None:
         self.services = services
-        # The handshake's own headers are not the turns' (never forwarded upstream).
-        headers = [(n, v) for n, v in scope["headers"] if not n.startswith(b"sec-websocket-")]
-        self.scope = {**scope, "headers": headers}
         self._send = send
         self.metrics = metrics
-        self.scope_key = scope_of(scope["headers"], services.settings.store_scope_header)
+        self._loop = asyncio.get_running_loop()
         self.turn: asyncio.Task[None] | None = None
-        self.turns = 0
-        self.last: _Last | None = None
+        self.turns = Turns(services, scope, send, metrics, self._loop.time)
 
     async def serve(self, receive: Receive) -> None:
         state, settings = self.services.state, self.services.settings
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         receiving: asyncio.Future[Any] = asyncio.ensure_future(receive())
         drain: asyncio.Future[Any] = asyncio.ensure_future(state.drain_started.wait())
         try:
             while True:
                 waits = {receiving, drain} if self.turn is None else {receiving, drain, self.turn}
-                idle = settings.ws_idle_timeout if self.turn is None else None
+                idle = None  # no idle clock while a turn runs
+                if self.turn is None:  # only a response resets it (module doc)
+                    idle = max(0.0, self.turns.active + settings.ws_idle_timeout - loop.time())
                 done, _ = await asyncio.wait(waits, timeout=idle, return_when="FIRST_COMPLETED")
                 if not done:
                     await self._close(NORMAL, "idle timeout")
@@ -139,6 +123,7 @@ class Session:
             if self.turn is not None:  # the client went: its upstream request ends now
                 self.turn.cancel()
                 await asyncio.gather(self.turn, return_exceptions=True)
+            self.turns.forget()
 
     async def _close(self, code: int, reason: str) -> None:
         await self._send({"type": "websocket.close", "code": code, "reason": reason})
@@ -191,159 +176,13 @@ class Session:
         body = {key: value for key, value in event.items() if key not in _ENVELOPE}
         body["stream"] = True
         generate = event.get("generate") is not False
-        self.turn = asyncio.create_task(self._run_turn(body, stream_id, generate=generate))
-
-    # -- a turn ------------------------------------------------------------------------------
-
-    async def _run_turn(
-        self, body: dict[str, Any], stream_id: str | None, *, generate: bool = True
-    ) -> None:
-        tracing = self.services.deps.tracing
-        if tracing is None:
-            await self._turn(body, stream_id, generate=generate)
-            return
-        # A turn is a response of its own: a trace of its own, linked to the handshake's span.
-        with tracing.linked("chat"):
-            await self._turn(body, stream_id, generate=generate)
-
-    async def _turn(self, body: dict[str, Any], stream_id: str | None, *, generate: bool) -> None:
-        services = self.services
-        deps, state = services.deps, services.state
-        started = services.monotonic()
-        request_id = deps.ids("req")
-        if deps.tracing is not None:
-            deps.tracing.genai_request(body, request_id)
-        model = str(body.get("model"))
-        sent = body
-        continued: str | None = None
-        last, previous = self.last, body.get("previous_response_id")
-        if (
-            last is not None
-            and previous == last.response_id
-            and not last.stored
-            and body.get("conversation") is None  # both: refused as over HTTP
-        ):
-            sent = history.merged_body(body, last.items)
-            continued = last.response_id
-        hosting = Hosting(services.hosted, deps.renderer)
-        try:
-            admitted = await admit(
-                services,
-                self.scope,
-                sent,
-                request_id,
-                started,
-                self.scope_key,
-                previous_response_id=continued,
-                hosting=hosting,
-            )
-        except ProxyError as error:
-            count_refusal(
-                services,
-                error,
-                request_id,
-                started,
-                outcome=refused_outcome(error),
-                stream="true",
-                model=model,
-                transport="ws",
-            )
-            await self._error(error, stream_id)
-            return
-        exchange = admitted.exchange
-        sink = WebSocketSink(self._send, stream_id)
-        if not generate and hosting.plan is None:
-            await self._warm_up(admitted, sink, model, body, sent)
-            return
-        state.in_flight += 1
-        deps.metrics.in_flight.inc()
-        outcome = "client_disconnect"
-        try:
-            try:
-                if hosting.plan is not None:  # hosted MCP tools: the loop, as over HTTP
-                    await hosting.answer(exchange, sink, generate=generate)
-                else:
-                    await exchange.stream(sink)
-                outcome = outcome_of(exchange)
-            except ProxyError as error:  # upstream refused it before the first event
-                exchange.status, exchange.error_code = error.status, error.code
-                outcome = refused_outcome(error)
-                if isinstance(error, UpstreamError) and error.code:
-                    kind = "timeout" if error.code == "upstream_timeout" else error.code
-                    deps.metrics.upstream_errors.labels(kind).inc()
-                await self._error(error, stream_id)
-            except OSError:  # the client went, or stopped reading
-                if exchange.delivered:
-                    outcome = outcome_of(exchange)
-                else:
-                    deps.metrics.disconnects.labels(exchange.phase).inc()
-        except asyncio.CancelledError:
-            if not exchange.delivered:
-                deps.metrics.disconnects.labels(exchange.phase).inc()
-            raise
-        finally:
-            state.in_flight -= 1
-            deps.metrics.in_flight.dec()
-            if exchange.recorder is not None and not exchange.recorder.finished:
-                await exchange.recorder.finish(exchange.settle(), wait=False)
-            self.metrics.messages.labels("out").inc(sink.sent)
-            self.turns += 1
-            report(deps, exchange, outcome, "true", model, body, transport="ws")
-        self._keep(admitted, sent)
-
-    async def _warm_up(
-        self,
-        admitted: Admitted,
-        sink: WebSocketSink,
-        model: str,
-        body: dict[str, Any],
-        sent: dict[str, Any],
-    ) -> None:
-        """`generate: false`: the request is validated and rendered, nothing is generated (no
-        upstream request); a completed response without output, which later turns may continue
-        with `previous_response_id`."""
-        exchange = admitted.exchange
-        events = exchange.core.start() + exchange.core.finish("stop", output_tokens=0)
-        exchange.phase = "streaming"
-        exchange.snapshot = events[-1]["response"]
-        outcome = "client_disconnect"
-        try:
-            if exchange.recorder is not None:
-                await exchange.recorder.finish(events)
-            await sink.events(events)
-            exchange.delivered = True
-            outcome = outcome_of(exchange)
-        except OSError:  # the client went
-            pass
-        finally:
-            self.metrics.messages.labels("out").inc(sink.sent)
-            self.turns += 1
-            report(self.services.deps, exchange, outcome, "true", model, body, transport="ws")
-        self._keep(admitted, sent)
-
-    def _keep(self, admitted: Admitted, sent: dict[str, Any]) -> None:
-        """Keep the turn's response as the session's last, when it ended well."""
-        exchange = admitted.exchange
-        snapshot = exchange.snapshot
-        if snapshot is not None and snapshot.get("status") in ("completed", "incomplete"):
-            made_from = admitted.context.body if admitted.context is not None else sent
-            self.last = _Last(
-                exchange.response_id,
-                stored=admitted.context is not None and admitted.context.store,
-                items=[*_as_items(made_from.get("input")), *(snapshot.get("output") or [])],
-            )
+        size = len(text) if text.isascii() else len(text.encode())  # the message's bytes
+        self.turn = asyncio.create_task(
+            self.turns.run(body, stream_id, size=size, generate=generate)
+        )
 
     async def _error(self, error: ProxyError, stream_id: str | None) -> None:
-        await _send_error(self._send, error, stream_id)
-        self.metrics.messages.labels("out").inc()
-
-
-async def _send_error(send: Send, error: ProxyError, stream_id: str | None) -> None:
-    """An `error` event (the spec's `ResponseWsError`)."""
-    event: dict[str, Any] = {"type": "error", "status": error.status, **error.to_body()}
-    if stream_id is not None:
-        event["stream_id"] = stream_id
-    await send({"type": "websocket.send", "text": orjson.dumps(event).decode()})
+        await self.turns.error(error, stream_id)
 
 
 def _stream_id(event: Any) -> str | None:
@@ -358,12 +197,6 @@ def _stream_id(event: Any) -> str | None:
             code="invalid_value",
         )
     return value
-
-
-def _as_items(value: Any) -> list[Any]:
-    if isinstance(value, str):
-        return [{"role": "user", "content": value}]
-    return list(value) if isinstance(value, list) else []
 
 
 def _shutting_down() -> UnavailableError:
