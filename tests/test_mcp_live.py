@@ -258,7 +258,10 @@ def test_private_addresses_are_refused_unless_allowed(
         assert refused.value.code == "mcp_server_private_address"
 
 
-def test_agents_sdk_hosted_mcp_tool_with_approval(live: Stack, server_url: str) -> None:
+@pytest.mark.parametrize("transport", ["http", "websocket"])
+def test_agents_sdk_hosted_mcp_tool_with_approval(
+    live: Stack, server_url: str, transport: str
+) -> None:
     agents.set_tracing_disabled(True)
     asked: list[str] = []
 
@@ -268,6 +271,11 @@ def test_agents_sdk_hosted_mcp_tool_with_approval(live: Stack, server_url: str) 
 
     async def run() -> Any:
         client = AsyncOpenAI(base_url=live.base_url, api_key="key-agents")
+        model: Any = (
+            agents.OpenAIResponsesWSModel(model=MODEL, openai_client=client)
+            if transport == "websocket"
+            else agents.OpenAIResponsesModel(model=MODEL, openai_client=client)
+        )
         try:
             agent = agents.Agent(
                 name="hosted",
@@ -284,15 +292,20 @@ def test_agents_sdk_hosted_mcp_tool_with_approval(live: Stack, server_url: str) 
                         on_approval_request=approve,
                     )
                 ],
-                model=agents.OpenAIResponsesModel(model=MODEL, openai_client=client),
+                model=model,
             )
             return await agents.Runner.run(agent, "from the agent")
         finally:
+            if isinstance(model, agents.OpenAIResponsesWSModel):
+                await model.close()
             await client.close()
 
+    sessions = live.metric("proxy_websocket_messages_total", direction="in")
     result = asyncio.run(run())
     assert asked == ["echo"]
     assert "echo: from the agent" in result.final_output
+    turns = live.metric("proxy_websocket_messages_total", direction="in") - sessions
+    assert (turns >= 2) if transport == "websocket" else (turns == 0)  # the approval: a turn
     kinds = [item.type for item in result.new_items]
     assert "mcp_approval_request_item" in kinds
     assert "mcp_approval_response_item" in kinds
