@@ -71,6 +71,11 @@ class Settings:
         20.0, values.positive_float,
         "seconds a request may take to render (400 above it, the worker is replaced), and wait "
         "for a free render worker (429 above it)")
+    inline_renders_per_tick: int = setting(
+        4, values.non_negative_int,
+        "cheap requests rendered on a worker's event loop per loop iteration; more wait their "
+        "turn, so a burst of new requests does not hold up the frames of open streams (0: no "
+        "limit)")
     render_queue: int = setting(
         32, values.positive_int,
         "requests that may wait for a render worker at once; more get 429 with Retry-After")

@@ -37,6 +37,7 @@ from proxy.errors import ClientError, ProxyError
 from proxy.harmony.request.prefix import PrefixCache
 from proxy.harmony.request.prepare import PreparedRequest
 from proxy.server.rendering import worker as wire
+from proxy.server.rendering.pacer import Pacer
 from proxy.server.rendering.renderer import InlineRenderer, Renderer, is_cheap
 from proxy.server.rendering.worker import RenderOptions
 
@@ -99,11 +100,12 @@ class RenderPool:
         log: Callable[..., None] = lambda message, **fields: None,
         on_render: Callable[[str, str], None] = lambda path, outcome: None,
         python: str = sys.executable,
+        pacer: Pacer | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError(f"a render pool needs at least one worker, got {workers}")
         self._options = options or RenderOptions()
-        self._inline = InlineRenderer(encoding, prefixes, self._options)
+        self._inline = InlineRenderer(encoding, prefixes, self._options, pacer)
         self._vocab_dir = vocab_dir
         self._size = workers
         self._timeout = timeout
@@ -334,8 +336,10 @@ def default_renderer(
     log: Callable[..., None],
 ) -> Renderer:
     """The default renderer: `render_workers` processes, loading the vocab this process loaded."""
+    per_tick = settings.inline_renders_per_tick
+    pacer = Pacer(per_tick) if per_tick else None
     if settings.render_workers == 0:
-        return InlineRenderer(encoding, prefixes, options)
+        return InlineRenderer(encoding, prefixes, options, pacer)
     return RenderPool(
         encoding,
         vocab.loaded_dir(os.environ),
@@ -346,4 +350,5 @@ def default_renderer(
         options=options,
         log=log,
         on_render=lambda path, outcome: metrics.renders.labels(path, outcome).inc(),
+        pacer=pacer,
     )

@@ -24,6 +24,7 @@ from openai_harmony import HarmonyEncoding
 
 from proxy.harmony.request.prefix import PrefixCache
 from proxy.harmony.request.prepare import PreparedRequest
+from proxy.server.rendering.pacer import Pacer
 from proxy.server.rendering.worker import RenderOptions
 
 #: Fast-path bounds, measured with bench/render_cost.py: the
@@ -68,12 +69,16 @@ class InlineRenderer:
         encoding: HarmonyEncoding,
         prefixes: PrefixCache | None = None,
         options: RenderOptions | None = None,
+        pacer: Pacer | None = None,
     ) -> None:
         self._encoding = encoding
         self._prefixes = prefixes or PrefixCache(encoding)
         self._options = options or RenderOptions()
+        self._pacer = pacer
 
     async def prepare(self, body: dict[str, Any]) -> PreparedRequest:
+        if self._pacer is not None:  # a burst of requests: a few renders per loop iteration
+            await self._pacer.turn()
         return self._options.render(body, self._encoding, self._prefixes)
 
     async def start(self) -> None:
