@@ -20,6 +20,7 @@ import orjson
 from proxy.errors import ClientError, ProxyError, UpstreamError
 from proxy.harmony.mcp.carry import MCP_TYPES, carry, pending_answers
 from proxy.harmony.request import compaction
+from proxy.harmony.request.inputs import as_items
 from proxy.harmony.request.prepare import PreparedRequest
 from proxy.server import asgi
 from proxy.server.deps import RepairDeps
@@ -124,8 +125,7 @@ def compacting(
         if not item_trigger and not await _over(render, quiet, measured, threshold):
             return measured if quiet is body else await render(body)
         trigger = "item" if item_trigger else "threshold"
-        items = body.get("input")
-        history = items if isinstance(items, list) else [{"role": "user", "content": items}]
+        history = as_items(body.get("input"))
         try:
             pass_prepared = await plain(plain_items(compaction.pass_body(body)))
             done = await watched(
