@@ -6,16 +6,15 @@ model only from `metrics_models`, like every model label).
 
 With tracing on, each observation carries its trace as an exemplar; exemplars are written
 only in the OpenMetrics exposition, which `/metrics` answers when the scraper asks for it
-(`Accept: application/openmetrics-text`, as Prometheus does with exemplar storage on). With
-`workers` above 1 the multiprocess files keep no exemplars: the histograms still add up.
+(exposition.py). With `workers` above 1 the multiprocess files keep no exemplars: the
+histograms still add up.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
-from prometheus_client.openmetrics import exposition as openmetrics
+from prometheus_client import CollectorRegistry, Histogram
 
 #: The semantic conventions' advised boundaries, in seconds.
 REQUEST_DURATION_BUCKETS = (
@@ -90,12 +89,3 @@ class GenAIMetrics:
         if output_tokens > 1:
             per_token = (duration - first_token) / (output_tokens - 1)
             self.time_per_output_token.labels(*labels).observe(per_token, exemplar)
-
-
-def exposition(registry: CollectorRegistry, accept: str) -> tuple[bytes, str]:
-    """The registry's text and content type: OpenMetrics (with exemplars) when `accept` asks
-    for it, else Prometheus' text format."""
-    if "application/openmetrics-text" in accept:
-        text: bytes = openmetrics.generate_latest(registry)  # type: ignore[no-untyped-call]
-        return text, openmetrics.CONTENT_TYPE_LATEST
-    return generate_latest(registry), CONTENT_TYPE_LATEST
