@@ -16,6 +16,8 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Histogram
 
+from proxy.semconv import OPERATION, PROVIDER
+
 #: The semantic conventions' advised boundaries, in seconds.
 REQUEST_DURATION_BUCKETS = (
     0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
@@ -27,9 +29,6 @@ TIME_PER_OUTPUT_TOKEN_BUCKETS = (
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
 )  # fmt: skip
 _LABELS = ["gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model"]
-#: The GenAI operation of `POST /v1/responses`, and the system behind the proxy (as on spans).
-OPERATION = "chat"
-PROVIDER = "tensorrt_llm"
 
 
 class GenAIMetrics:

@@ -17,13 +17,13 @@ from typing import Any
 
 import orjson
 
-from proxy.errors import ClientError, ProxyError, UpstreamError
+from proxy.errors import ProxyError, UpstreamError
 from proxy.harmony.mcp.carry import MCP_TYPES, carry, pending_answers
 from proxy.harmony.request import compaction
 from proxy.harmony.request.inputs import as_items
 from proxy.harmony.request.prepare import PreparedRequest
 from proxy.server import asgi
-from proxy.server.deps import RepairDeps
+from proxy.server.deps import RepairDeps, check_stream_room
 from proxy.server.exchange import Exchange
 
 COMPACTION_FAILED = "compaction_failed"
@@ -45,17 +45,11 @@ async def summarise(
     headers: list[tuple[str, str]],
 ) -> Pass:
     """Run the pass (module doc); `UpstreamError` 502 `compaction_failed` when it fails."""
-    state, settings = deps.state, deps.settings
+    state = deps.state
     capability = state.capability
     if not capability.token_ids:
         raise _failed(f"upstream cannot serve the pass: {capability.detail}")
-    if settings.max_concurrent_streams and state.in_flight >= settings.max_concurrent_streams:
-        raise ClientError(  # the pass is a stream upstream like any other
-            f"the proxy is serving its limit of {settings.max_concurrent_streams} streams; "
-            "retry shortly",
-            status=429,
-            code="too_many_streams",
-        )
+    check_stream_room(deps)  # the pass is a stream upstream like any other
     exchange = Exchange(
         deps,
         prepared,

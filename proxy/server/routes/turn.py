@@ -31,6 +31,7 @@ from proxy.config.settings import Settings
 from proxy.errors import ClientError, ProxyError, UpstreamError
 from proxy.harmony.history import session
 from proxy.metrics.websocket import WebSocketMetrics
+from proxy.semconv import OPERATION
 from proxy.server.deps import ServerState
 from proxy.server.hosted.hosting import Hosting
 from proxy.server.outcome import answering, outcome_of, refused_outcome, report
@@ -75,7 +76,7 @@ class Turns:
             await self._turn(body, stream_id, size, generate)
             return
         # A turn is a response of its own: a trace of its own, linked to the handshake's span.
-        with tracing.linked("chat"):
+        with tracing.linked(OPERATION):
             await self._turn(body, stream_id, size, generate)
 
     async def error(self, error: ProxyError, stream_id: str | None) -> None:
