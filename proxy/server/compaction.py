@@ -86,7 +86,7 @@ def compacting(
     request_id: str,
     started: float,
     headers: list[tuple[str, str]],
-    inbound: asgi.Inbound | None = None,
+    inbound: asgi.Disconnects | None = None,
 ) -> tuple[dict[str, Any], Render]:
     """`body` without a last `compaction_trigger` item (never stored: it is a request, not
     history), and `render`, compacting first where the body asks for it: that trigger, or a
@@ -210,7 +210,7 @@ def _is(item: Any, kind: str) -> bool:
     return isinstance(item, dict) and item.get("type") == kind
 
 
-async def watched(inbound: asgi.Inbound | None, work: Awaitable[Pass]) -> Pass:
+async def watched(inbound: asgi.Disconnects | None, work: Awaitable[Pass]) -> Pass:
     """`work`, cancelled when the client goes away first (`asgi.ClientDisconnected`)."""
     if inbound is None:
         return await work

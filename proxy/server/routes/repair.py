@@ -160,7 +160,7 @@ async def admit(
     *,
     on_prepared: Callable[[], None] | None = None,
     previous_response_id: str | None = None,
-    inbound: asgi.Inbound | None = None,
+    inbound: asgi.Disconnects | None = None,
     hosting: Hosting | None = None,
 ) -> Admitted:
     """Render `body` (with its stored context), check what upstream can do and the stream
