@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
+from proxy.semconv import OPERATION, PROVIDER
+
 if TYPE_CHECKING:  # the SDK is imported by `start_tracing` only
     from opentelemetry.context import Context
     from opentelemetry.sdk.trace import TracerProvider
@@ -33,9 +35,6 @@ PROTOCOL_ENV = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOC
 CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 SERVICE_NAME = "responses-repair-proxy"
 PROTOCOLS = ("http/protobuf", "grpc")
-#: The GenAI operation of `POST /v1/responses`, and the system behind the proxy.
-OPERATION = "chat"
-PROVIDER = "tensorrt_llm"
 #: Longest captured content attribute (with `capture_content` only).
 CONTENT_CHARS = 16_384
 _PROPAGATED = ("traceparent", "tracestate")

@@ -181,7 +181,7 @@ def test_the_pass_body_asks_for_the_summary_without_tools() -> None:
         "role": "developer",
         "content": (compaction.INSTRUCTION),
     }
-    assert passed["input"][0] == {"type": "message", "role": "user", "content": "hi"}
+    assert passed["input"][0] == {"role": "user", "content": "hi"}  # as a client sends it
     assert passed["tool_choice"] == "none"
     assert passed["store"] is False
     assert passed["instructions"] == "be kind"

@@ -7,6 +7,7 @@ records the requests in flight per tag header)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -229,4 +230,31 @@ def test_a_client_gone_while_approved_calls_run_cancels_them(live: Stack, server
         timeout=3,
     )
     until(lambda: IN_FLIGHT["leaving"] == 0, timeout=3)
+    assert len(live.completions()) == passes
+
+
+def test_a_websocket_closed_while_approved_calls_run_cancels_them(
+    live: Stack, server_url: str
+) -> None:
+    gone = live.metric("proxy_client_disconnects_total", phase="before_upstream")
+    passes = len(live.completions())
+    IN_FLIGHT.clear()
+    tool = tagged(server_url, "tools", "ws-leaving")
+    tool["allowed_tools"], tool["require_approval"] = ["slow"], "always"
+    with live.client().responses.connect() as connection:
+        connection.response.create(
+            model=MODEL,
+            input=approvals(3, "{}", name="slow"),  # type: ignore[arg-type]
+            tools=[tool],  # type: ignore[list-item]
+            store=False,
+        )
+        until(lambda: IN_FLIGHT["ws-leaving"] > 0, timeout=5)  # listing, then the slow call
+        time.sleep(0.5)
+    # The socket closed: the call in flight is cancelled, its MCP session closed, and no other
+    # call nor any pass runs; the turn is counted as a client gone before upstream, as over HTTP.
+    until(
+        lambda: live.metric("proxy_client_disconnects_total", phase="before_upstream") > gone,
+        timeout=3,
+    )
+    until(lambda: IN_FLIGHT["ws-leaving"] == 0, timeout=3)
     assert len(live.completions()) == passes

@@ -6,16 +6,17 @@ model only from `metrics_models`, like every model label).
 
 With tracing on, each observation carries its trace as an exemplar; exemplars are written
 only in the OpenMetrics exposition, which `/metrics` answers when the scraper asks for it
-(`Accept: application/openmetrics-text`, as Prometheus does with exemplar storage on). With
-`workers` above 1 the multiprocess files keep no exemplars: the histograms still add up.
+(exposition.py). With `workers` above 1 the multiprocess files keep no exemplars: the
+histograms still add up.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
-from prometheus_client.openmetrics import exposition as openmetrics
+from prometheus_client import CollectorRegistry, Histogram
+
+from proxy.semconv import OPERATION, PROVIDER
 
 #: The semantic conventions' advised boundaries, in seconds.
 REQUEST_DURATION_BUCKETS = (
@@ -28,9 +29,6 @@ TIME_PER_OUTPUT_TOKEN_BUCKETS = (
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
 )  # fmt: skip
 _LABELS = ["gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model"]
-#: The GenAI operation of `POST /v1/responses`, and the system behind the proxy (as on spans).
-OPERATION = "chat"
-PROVIDER = "tensorrt_llm"
 
 
 class GenAIMetrics:
@@ -90,12 +88,3 @@ class GenAIMetrics:
         if output_tokens > 1:
             per_token = (duration - first_token) / (output_tokens - 1)
             self.time_per_output_token.labels(*labels).observe(per_token, exemplar)
-
-
-def exposition(registry: CollectorRegistry, accept: str) -> tuple[bytes, str]:
-    """The registry's text and content type: OpenMetrics (with exemplars) when `accept` asks
-    for it, else Prometheus' text format."""
-    if "application/openmetrics-text" in accept:
-        text: bytes = openmetrics.generate_latest(registry)  # type: ignore[no-untyped-call]
-        return text, openmetrics.CONTENT_TYPE_LATEST
-    return generate_latest(registry), CONTENT_TYPE_LATEST

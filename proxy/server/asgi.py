@@ -8,7 +8,7 @@ import logging
 import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from starlette.types import Message, Receive, Scope, Send
@@ -208,7 +208,29 @@ class Inbound:
                 self.disconnected.set()
 
 
-async def run_until_disconnect(inbound: Inbound, work: Awaitable[None]) -> bool:
+class Disconnects(Protocol):
+    """What tells that the client went: an HTTP request's `Inbound`, a WebSocket session's
+    `Closed`."""
+
+    async def wait_disconnect(self) -> None:
+        """Return once the client has gone."""
+
+
+class Closed:
+    """A WebSocket session's end, as its turns watch it: the session reads every message
+    itself (one reader), and says when the client closed (`close`)."""
+
+    def __init__(self) -> None:
+        self._closed = asyncio.Event()
+
+    def close(self) -> None:
+        self._closed.set()
+
+    async def wait_disconnect(self) -> None:
+        await self._closed.wait()
+
+
+async def run_until_disconnect(inbound: Disconnects, work: Awaitable[None]) -> bool:
     """Run `work`; if the client disconnects first, cancel it (closing what it holds, e.g. the
     upstream request, at once) and return True."""
     task = asyncio.ensure_future(work)

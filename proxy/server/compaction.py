@@ -17,12 +17,13 @@ from typing import Any
 
 import orjson
 
-from proxy.errors import ClientError, ProxyError, UpstreamError
+from proxy.errors import ProxyError, UpstreamError
 from proxy.harmony.mcp.carry import MCP_TYPES, carry, pending_answers
 from proxy.harmony.request import compaction
+from proxy.harmony.request.inputs import as_items
 from proxy.harmony.request.prepare import PreparedRequest
 from proxy.server import asgi
-from proxy.server.deps import RepairDeps
+from proxy.server.deps import RepairDeps, check_stream_room
 from proxy.server.exchange import Exchange
 
 COMPACTION_FAILED = "compaction_failed"
@@ -44,17 +45,11 @@ async def summarise(
     headers: list[tuple[str, str]],
 ) -> Pass:
     """Run the pass (module doc); `UpstreamError` 502 `compaction_failed` when it fails."""
-    state, settings = deps.state, deps.settings
+    state = deps.state
     capability = state.capability
     if not capability.token_ids:
         raise _failed(f"upstream cannot serve the pass: {capability.detail}")
-    if settings.max_concurrent_streams and state.in_flight >= settings.max_concurrent_streams:
-        raise ClientError(  # the pass is a stream upstream like any other
-            f"the proxy is serving its limit of {settings.max_concurrent_streams} streams; "
-            "retry shortly",
-            status=429,
-            code="too_many_streams",
-        )
+    check_stream_room(deps)  # the pass is a stream upstream like any other
     exchange = Exchange(
         deps,
         prepared,
@@ -91,7 +86,7 @@ def compacting(
     request_id: str,
     started: float,
     headers: list[tuple[str, str]],
-    inbound: asgi.Inbound | None = None,
+    inbound: asgi.Disconnects | None = None,
 ) -> tuple[dict[str, Any], Render]:
     """`body` without a last `compaction_trigger` item (never stored: it is a request, not
     history), and `render`, compacting first where the body asks for it: that trigger, or a
@@ -124,8 +119,7 @@ def compacting(
         if not item_trigger and not await _over(render, quiet, measured, threshold):
             return measured if quiet is body else await render(body)
         trigger = "item" if item_trigger else "threshold"
-        items = body.get("input")
-        history = items if isinstance(items, list) else [{"role": "user", "content": items}]
+        history = as_items(body.get("input"))
         try:
             pass_prepared = await plain(plain_items(compaction.pass_body(body)))
             done = await watched(
@@ -216,7 +210,7 @@ def _is(item: Any, kind: str) -> bool:
     return isinstance(item, dict) and item.get("type") == kind
 
 
-async def watched(inbound: asgi.Inbound | None, work: Awaitable[Pass]) -> Pass:
+async def watched(inbound: asgi.Disconnects | None, work: Awaitable[Pass]) -> Pass:
     """`work`, cancelled when the client goes away first (`asgi.ClientDisconnected`)."""
     if inbound is None:
         return await work

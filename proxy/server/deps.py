@@ -14,7 +14,7 @@ from typing import TypeVar
 from openai_harmony import HarmonyEncoding
 
 from proxy.config.settings import Settings
-from proxy.errors import UnavailableError
+from proxy.errors import ClientError, UnavailableError
 from proxy.harmony.reasoning_seal import ReasoningKeys
 from proxy.harmony.request.prefix import PrefixCache
 from proxy.harmony.response import IdFactory
@@ -30,6 +30,8 @@ T = TypeVar("T")
 
 #: The error code of requests the drain ended (not upstream's fault: not counted as such).
 SHUTTING_DOWN = "server_shutting_down"
+#: The 429's code when the proxy serves `max_concurrent_streams` already.
+TOO_MANY_STREAMS = "too_many_streams"
 
 _UNKNOWN = Capability(False, False, "upstream not probed yet")
 #: Seconds a request waits for the first capability probe to end (capability.py): above the
@@ -93,6 +95,18 @@ class RepairDeps:
     genai: GenAIMetrics | None = None
     #: Traces (proxy/tracing.py); None: off, and no span is made.
     tracing: Tracing | None = None
+
+
+def check_stream_room(deps: RepairDeps) -> None:
+    """Raise 429 `too_many_streams` when the proxy serves `max_concurrent_streams` upstream
+    streams already (each repaired response, each compaction pass, counts as one)."""
+    limit = deps.settings.max_concurrent_streams
+    if limit and deps.state.in_flight >= limit:
+        raise ClientError(
+            f"the proxy is serving its limit of {limit} streams; retry shortly",
+            status=429,
+            code=TOO_MANY_STREAMS,
+        )
 
 
 async def until_drained(state: ServerState, work: Awaitable[T]) -> T:

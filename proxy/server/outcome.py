@@ -18,15 +18,12 @@ from typing import Any
 
 from proxy.errors import ClientError, ProxyError, UnavailableError, UpstreamError
 from proxy.harmony.stream.record import RepairRecord
-from proxy.metrics import genai
 from proxy.metrics.serving import CLIENT_TIMEOUT
+from proxy.semconv import OPERATION, PROVIDER
 from proxy.server import asgi
-from proxy.server.deps import RepairDeps
+from proxy.server.deps import TOO_MANY_STREAMS, RepairDeps
 from proxy.server.exchange import Exchange
 from proxy.tracing import Tracing, event_time
-
-#: The 429's code when the proxy serves `max_concurrent_streams` already.
-TOO_MANY_STREAMS = "too_many_streams"
 
 #: The statuses a response can end with; anything else ended it as failed.
 _ENDED = frozenset({"completed", "incomplete", "failed", "cancelled"})
@@ -140,7 +137,7 @@ def report(
     if deps.genai is not None:
         first = exchange.first_content
         deps.genai.observe(
-            (genai.OPERATION, genai.PROVIDER, metrics.model_label(model)),
+            (OPERATION, PROVIDER, metrics.model_label(model)),
             duration=deps.monotonic() - started,
             error_type="" if outcome in ("completed", "incomplete") else outcome,
             first_token=None if first is None else first - started,

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from proxy.errors import ClientError
+from proxy.harmony.request.inputs import as_items
 from proxy.harmony.response import IdFactory
 
 #: Id prefixes of the items the proxy stores (OpenAI's: msg_, fc_, rs_; outputs of calls fco_).
@@ -42,10 +43,8 @@ def stored_input(value: Any, ids: IdFactory) -> list[dict[str, Any]]:
     """A request's (already validated) `input` as stored and listed: each item with an `id`;
     a string input as one user message; message content as a list of parts; function calls and
     their outputs with a `status`; reasoning with its `summary` list."""
-    if isinstance(value, str):
-        value = [{"role": "user", "content": value}]
     items: list[dict[str, Any]] = []
-    for raw in value:
+    for raw in as_items(value):
         item = dict(raw)
         kind = item.get("type") or "message"
         item["type"] = kind
@@ -92,11 +91,8 @@ def merged_body(body: Mapping[str, Any], history: Sequence[Any]) -> dict[str, An
     """`body` as if its client had sent `history` before its own input (module docstring).
     `previous_response_id` and `conversation` are left out: the merged body stands
     on its own."""
-    new_input = body.get("input")
-    if isinstance(new_input, str):
-        new_input = [{"role": "user", "content": new_input}]
     merged = {key: value for key, value in body.items() if key not in _CONTEXT_FIELDS}
-    merged["input"] = [*history, *(new_input if isinstance(new_input, list) else [])]
+    merged["input"] = [*history, *as_items(body.get("input"))]
     return merged
 
 

@@ -21,6 +21,7 @@ import orjson
 
 from proxy.errors import ClientError
 from proxy.harmony.history.chain import merged_body
+from proxy.harmony.request.inputs import as_items
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,10 +82,3 @@ def continuing(kept: Kept | None, body: dict[str, Any]) -> tuple[dict[str, Any],
             code="previous_response_not_found",
         )
     return merged_body(body, kept.items), kept.response_id
-
-
-def as_items(value: Any) -> list[Any]:
-    """A body's `input` as a list of items (a string is one user message)."""
-    if isinstance(value, str):
-        return [{"role": "user", "content": value}]
-    return list(value) if isinstance(value, list) else []

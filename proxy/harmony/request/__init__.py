@@ -5,6 +5,7 @@ check.py    typed reads of the body; every 400 of the request side is raised her
 shapes.py   the keys each request object may hold (from OpenAI's spec)
 fields.py   the top-level fields, validated once into a frozen `Fields`
 items.py    `input` items → Harmony messages
+inputs.py   `input` as a list of items (a string is one user message), for every reader
 tools.py    `tools` → Harmony tool namespaces
 text.py     `text` (its echo) and `text.format` as upstream's guided decoding
 guided.py   `tool_choice` as guided decoding on the message headers

@@ -51,6 +51,7 @@ from proxy.harmony.request.check import (
     want_list,
     want_object,
 )
+from proxy.harmony.request.inputs import as_items
 
 #: The summarisation instruction: a developer message after the history, so the model's next
 #: message is the checkpoint summary. Documented in docs/compaction.md.
@@ -270,11 +271,8 @@ def pass_body(body: dict[str, Any]) -> dict[str, Any]:
     """The `/v1/responses` body of the summarisation pass over a compact body whose chain is
     merged in: the input, then the instruction; no tools (no tool call can be made), not
     stored, with reasoning."""
-    items = body.get("input")
-    if isinstance(items, str):
-        items = [{"type": "message", "role": "user", "content": items}]
     pass_input = [
-        *(items or []),
+        *as_items(body.get("input")),
         {"type": "message", "role": "developer", "content": INSTRUCTION},
     ]
     fields = {"model", "instructions", "prompt_cache_key", "prompt_cache_retention"}

@@ -58,6 +58,7 @@ from proxy.harmony.request.check import (
     want_object,
     want_str,
 )
+from proxy.harmony.request.inputs import as_items
 from proxy.harmony.request.shapes import INPUT_ITEM
 from proxy.harmony.request.tools import FUNCTIONS
 
@@ -84,9 +85,7 @@ def input_messages(
     renders them)."""
     if value is None:
         missing("input")
-    if isinstance(value, str):
-        return [Message.from_role_and_content(Role.USER, value)]
-    items = want_list(value, "input")
+    items = as_items(value) if isinstance(value, str) else want_list(value, "input")
     turn_start = _last_user_message(items) if current_turn else 0
     window_start = compaction.latest(items)  # the items before it are checked, then dropped
     messages: list[Message] = []

@@ -7,8 +7,9 @@ without `mcp` tools or `mcp_*` items renders as before; one with them is planned
 answers with `answer` (a stream to its sink: SSE, or WebSocket messages) or `answer_json`
 (`stream: false`) in place of the exchange's own answer.
 
-The planning lists servers and may run approved calls: given the route's `inbound`, it is
-cancelled when the client goes away first (`asgi.ClientDisconnected`), its MCP sessions closed.
+The planning lists servers and may run approved calls: given the route's `inbound` (an HTTP
+request's, or a WebSocket session's `asgi.Closed`), it is cancelled when the client goes away
+first (`asgi.ClientDisconnected`), its MCP sessions closed.
 """
 
 from __future__ import annotations
@@ -32,7 +33,10 @@ class Hosting:
     """One request's hosted-tool state: its plan, once rendered (None: no MCP involved)."""
 
     def __init__(
-        self, hosted: Hosted | None, renderer: Renderer, inbound: asgi.Inbound | None = None
+        self,
+        hosted: Hosted | None,
+        renderer: Renderer,
+        inbound: asgi.Disconnects | None = None,
     ) -> None:
         self.hosted = hosted
         self.renderer = renderer

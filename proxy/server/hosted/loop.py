@@ -28,6 +28,7 @@ from typing import Any
 
 from proxy.errors import ProxyError
 from proxy.harmony.mcp import declare, items
+from proxy.harmony.request.inputs import as_items
 from proxy.harmony.request.prepare import PreparedRequest
 from proxy.harmony.stream.events import OPENING_EVENTS, TERMINAL_EVENTS, error_event
 from proxy.server.exchange import Exchange
@@ -116,7 +117,7 @@ class Loop:
             if result is None:  # approval asked: the response ends here
                 await self._end(emit, terminal)
                 return
-            history = [*self._as_list(body.get("input")), *kept, *items.as_input(result)]
+            history = [*as_items(body.get("input")), *kept, *items.as_input(result)]
             body = {**body, "input": history}
             if self.plan.tool_choice is not None:
                 body["tool_choice"] = "auto"  # the forced call was made
@@ -330,12 +331,6 @@ class Loop:
             event["sequence_number"] = self.sequence
             self.sequence += 1
         await emit(events)
-
-    @staticmethod
-    def _as_list(value: Any) -> list[Any]:
-        if isinstance(value, str):
-            return [{"role": "user", "content": value}]
-        return list(value) if isinstance(value, list) else []
 
 
 #: What the final response keeps of the first pass's: its identity, the request's echo as the

@@ -1,8 +1,6 @@
 """The app's side of hosted MCP tools: the policy, the tool-list cache, the limits, the metrics;
-one listing and one call, counted. Built once per app from the settings (`Hosted.from_settings`).
-
-Metrics are labelled by the request's `server_label`, capped at `_MAX_LABELS` distinct values
-(the rest count as "other"): the label is the client's.
+one listing and one call, counted (proxy/metrics/mcp.py). Built once per app from the settings
+(`Hosted.from_settings`).
 """
 
 from __future__ import annotations
@@ -14,55 +12,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry
 
 from proxy.config.settings import Settings
 from proxy.harmony.mcp import items
 from proxy.harmony.mcp.declare import Server
 from proxy.mcp import Limits, McpFailure, Policy, ToolCache, call_tool, credential_key, list_tools
+from proxy.metrics.mcp import NOT_RUN, McpMetrics
 from proxy.tracing import Tracing
-
-_MAX_LABELS = 64
-_OTHER = "other"
-#: The outcome of a call the budget left unrun.
-NOT_RUN = "not_run"
-
-
-class McpMetrics:
-    """`proxy_mcp_calls_total{server_label,outcome}` (`not_run`: left unrun by the budget),
-    `proxy_mcp_call_seconds{server_label}`,
-    `proxy_mcp_list_total{server_label,outcome}` (outcome `cached` for a reused list)."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.calls = Counter(
-            "proxy_mcp_calls",
-            "MCP tool calls the model made, by server label and outcome (ok, error, not_run)",
-            ["server_label", "outcome"],
-            registry=registry,
-        )
-        self.latency = Histogram(
-            "proxy_mcp_call_seconds",
-            "Seconds of one MCP tool call, connect included",
-            ["server_label"],
-            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
-            registry=registry,
-        )
-        self.lists = Counter(
-            "proxy_mcp_list_tools",
-            "MCP tool listings, by server label and outcome (ok, error, cached)",
-            ["server_label", "outcome"],
-            registry=registry,
-        )
-        self._labels: set[str] = set()
-
-    def label(self, server_label: str) -> str:
-        if server_label in self._labels:
-            return server_label
-        if len(self._labels) >= _MAX_LABELS:
-            return _OTHER
-        self._labels.add(server_label)
-        return server_label
-
 
 #: Characters of a tool name in a span's name and attributes.
 _SPAN_CAP = 128

@@ -45,7 +45,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from proxy.config.settings import Settings
-from proxy.metrics.genai import exposition
+from proxy.metrics.exposition import exposition
 from proxy.server import asgi
 from proxy.server.app import create_app
 from proxy.server.deps import ServerState

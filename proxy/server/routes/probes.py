@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from proxy.errors import UpstreamError
-from proxy.metrics.genai import exposition
+from proxy.metrics.exposition import exposition
 from proxy.server.routes.answers import services_of
 
 

@@ -32,10 +32,10 @@ from proxy.harmony.request.prepare import PreparedRequest
 from proxy.server import asgi
 from proxy.server.capability import first_probe
 from proxy.server.compaction import compacting
-from proxy.server.deps import ServerState, until_drained
+from proxy.server.deps import ServerState, check_stream_room, until_drained
 from proxy.server.exchange import Exchange
 from proxy.server.hosted.hosting import Hosting
-from proxy.server.outcome import TOO_MANY_STREAMS, answering, refused_outcome
+from proxy.server.outcome import answering, refused_outcome
 from proxy.server.routes.answers import refuse
 from proxy.server.services import Services
 from proxy.server.sink import SseSink
@@ -160,7 +160,7 @@ async def admit(
     *,
     on_prepared: Callable[[], None] | None = None,
     previous_response_id: str | None = None,
-    inbound: asgi.Inbound | None = None,
+    inbound: asgi.Disconnects | None = None,
     hosting: Hosting | None = None,
 ) -> Admitted:
     """Render `body` (with its stored context), check what upstream can do and the stream
@@ -224,13 +224,7 @@ async def admit(
         raise ClientError(
             refusal(constraint, state.capability), param=constraint.param, code=NOT_ENFORCED
         )
-    if settings.max_concurrent_streams and state.in_flight >= settings.max_concurrent_streams:
-        raise ClientError(
-            f"the proxy is serving its limit of {settings.max_concurrent_streams} streams; "
-            "retry shortly",
-            status=429,
-            code=TOO_MANY_STREAMS,
-        )
+    check_stream_room(deps)
     exchange = Exchange(
         deps,
         prepared,

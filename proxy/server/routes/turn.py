@@ -31,6 +31,8 @@ from proxy.config.settings import Settings
 from proxy.errors import ClientError, ProxyError, UpstreamError
 from proxy.harmony.history import session
 from proxy.metrics.websocket import WebSocketMetrics
+from proxy.semconv import OPERATION
+from proxy.server import asgi
 from proxy.server.deps import ServerState
 from proxy.server.hosted.hosting import Hosting
 from proxy.server.outcome import answering, outcome_of, refused_outcome, report
@@ -65,6 +67,10 @@ class Turns:
         #: When a response last started or ended (the session opening counts as one).
         self.active = clock()
         self.kept: session.Kept | None = None
+        #: Set by the session when the client closed: what the turn running watches, as a
+        #: request over HTTP watches its client (the compaction pass, the MCP planning, the
+        #: answer).
+        self.closed = asgi.Closed()
 
     async def run(
         self, body: dict[str, Any], stream_id: str | None, *, size: int, generate: bool
@@ -75,7 +81,7 @@ class Turns:
             await self._turn(body, stream_id, size, generate)
             return
         # A turn is a response of its own: a trace of its own, linked to the handshake's span.
-        with tracing.linked("chat"):
+        with tracing.linked(OPERATION):
             await self._turn(body, stream_id, size, generate)
 
     async def error(self, error: ProxyError, stream_id: str | None) -> None:
@@ -99,7 +105,7 @@ class Turns:
         if deps.tracing is not None:
             deps.tracing.genai_request(body, request_id)
         model = str(body.get("model"))
-        hosting = Hosting(services.hosted, deps.renderer)
+        hosting = Hosting(services.hosted, deps.renderer, self.closed)
         async with services.budget.reservation() as hold:  # until rendered, as over HTTP
             try:
                 await hold.ensure(size)
@@ -116,8 +122,12 @@ class Turns:
                     self.scope_key,
                     on_prepared=hold.release,
                     previous_response_id=continued,
+                    inbound=self.closed,
                     hosting=hosting,
                 )
+            except asgi.ClientDisconnected:  # gone while its compaction or MCP planning ran
+                deps.metrics.disconnects.labels("before_upstream").inc()
+                return
             except ProxyError as error:
                 count_refusal(
                     services,
@@ -140,10 +150,13 @@ class Turns:
             async with answering(deps, exchange, "true", model, body, transport="ws") as answer:
                 try:
                     if hosting.plan is not None:  # hosted MCP tools: the loop, as over HTTP
-                        await hosting.answer(exchange, sink, generate=generate)
+                        work = hosting.answer(exchange, sink, generate=generate)
                     else:
-                        await exchange.stream(sink)
-                    answer.ended()
+                        work = exchange.stream(sink)
+                    if await asgi.run_until_disconnect(self.closed, work):
+                        answer.gone()
+                    else:
+                        answer.ended()
                 except ProxyError as error:  # upstream refused it before the first event
                     answer.refused(error)
                     await self.error(error, stream_id)

@@ -21,8 +21,9 @@ continued through the store, as over HTTP), an unstored one as its history when 
 `ws_max_message_bytes`, merged into a turn naming it in `previous_response_id`. Nothing kept
 outlives the connection, and the store is read with the credential of the handshake.
 
-The session ends on the client's close or disconnect (the turn running is cancelled, and with
-it its upstream request); after `ws_idle_timeout` without a response starting or ending (close
+The session ends on the client's close or disconnect (the turn running ends as a request over
+HTTP ends when its client goes: its compaction pass, MCP planning or upstream request cancelled,
+counted as a disconnect); after `ws_idle_timeout` without a response starting or ending (close
 1000: messages that start none — junk, refused turns — keep no session open); and on the drain:
 the turn running ends with its terminal event, new turns are refused, then close 1001.
 """
@@ -51,6 +52,8 @@ BUSY = "websocket_stream_limit_reached"
 _STREAM_ID = re.compile(r"[A-Za-z0-9_.-]{1,256}")
 #: Envelope fields of `response.create` that are not `POST /v1/responses` fields.
 _ENVELOPE = ("type", "stream_id", "stream", "generate")
+#: Seconds a turn has to end by itself once its client went, before it is cancelled.
+_END_GRACE = 1.0
 
 
 async def session(scope: Scope, receive: Receive, send: Send) -> None:
@@ -120,10 +123,20 @@ class Session:
         finally:
             receiving.cancel()
             drain.cancel()
-            if self.turn is not None:  # the client went: its upstream request ends now
-                self.turn.cancel()
-                await asyncio.gather(self.turn, return_exceptions=True)
+            if self.turn is not None:  # the client went: the turn ends, and its upstream request
+                await self._end_turn(self.turn)
             self.turns.forget()
+
+    async def _end_turn(self, turn: asyncio.Task[None]) -> None:
+        """The client went while `turn` ran: the turn sees it (`Turns.closed`) and ends as a
+        request over HTTP ends when its client goes — its compaction pass, MCP planning or
+        answer cancelled, counted as a disconnect. A turn still in a step that does not watch
+        (the body budget, the first probe, the store, the render; none talks to upstream) is
+        cancelled after `_END_GRACE`."""
+        self.turns.closed.close()
+        await asyncio.wait({turn}, timeout=_END_GRACE)
+        turn.cancel()
+        await asyncio.gather(turn, return_exceptions=True)
 
     async def _close(self, code: int, reason: str) -> None:
         await self._send({"type": "websocket.close", "code": code, "reason": reason})

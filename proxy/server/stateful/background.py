@@ -29,6 +29,7 @@ from starlette.types import Send
 from proxy.errors import ProxyError
 from proxy.harmony.history.stored import StoredResponse
 from proxy.harmony.response import response_object
+from proxy.semconv import OPERATION
 from proxy.server import asgi
 from proxy.server.deps import SHUTTING_DOWN, RepairDeps
 from proxy.server.exchange import Exchange
@@ -38,7 +39,7 @@ from proxy.server.stateful.follow import follow
 from proxy.server.stateful.recording import recorder
 from proxy.server.stateful.state import Context, Stateful
 from proxy.store import CANCEL, Create, StoreError
-from proxy.tracing import OPERATION, request_attributes
+from proxy.tracing import request_attributes
 
 #: Seconds between looks at the running entries' signals (missed pub/sub, poller gaps).
 CHECK_PERIOD = 5.0
