@@ -304,6 +304,15 @@ def test_stream_memory_compares_the_store_on_and_off() -> None:
         assert float(table[name][2]) >= float(table[name][1]) > 0, table  # open ≥ idle
 
 
+def test_stream_memory_trace_names_what_holds_the_streams() -> None:
+    output = bench("stream_memory.py", "--trace", "--streams", "4", "--tokens", "60", "--top", "5")
+    for name in ("store on", "store off"):
+        assert f"## {name}: 4 streams, 0 errors" in output, output
+    assert output.count("per open stream: PSS") == 2, output
+    # the lines that grew, named in the checkout or the package they are in
+    assert re.search(r"\| +proxy/\S+\.py:\d+ \|", output), output
+
+
 def test_scale_run_ends_every_stream_and_reads_the_memory() -> None:
     output = bench("scale.py", "--streams", "30", "--tokens", "40", "--token-ms", "2")
     table = rows(output)

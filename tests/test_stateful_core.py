@@ -3,6 +3,7 @@ the core's cancel — plain data in, plain data out."""
 
 from __future__ import annotations
 
+import tracemalloc
 from typing import Any
 
 import pytest
@@ -184,6 +185,24 @@ def test_a_record_encoded_from_its_rest_is_the_same_record(chain: tuple[str, ...
     encoded = encode_record(ended, start.rest())
     assert StoredResponse.decode(encoded) == StoredResponse(ended, start.input, chain, False)
     assert encoded == StoredResponse(ended, start.input, chain, False).encode()
+
+
+def test_what_a_recorder_keeps_holds_no_more_memory_than_its_bytes() -> None:
+    """A running stored response waits with its record's rest and its pending log entry as
+    bytes: each in an allocation of its own size, not in the encoder's larger buffer."""
+    record = StoredResponse({"status": "in_progress"}, [{"id": "m", "text": "x"}], (), False)
+    events = [{"type": "response.output_text.delta", "delta": "é" * 50, "sequence_number": 3}]
+    kept = [record.encode(), record.rest(), encode_events(events)[1]]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        copies = [record.encode(), record.rest(), encode_events(events)[1]]
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert copies == kept
+    # a bytes object is its length plus a header of ~33 bytes; the list of three, ~80
+    assert held <= sum(len(data) + 64 for data in copies) + 128, held
 
 
 def test_as_it_stands_replays_the_output_so_far(encoding: HarmonyEncoding) -> None:

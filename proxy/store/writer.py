@@ -193,17 +193,14 @@ class StoreWriter:
             ops: list[Op] = []
             for source in sources:
                 ops += source.take()
-            error: StoreError | None = None
-            try:
-                if ops:
-                    self.on_evicted(await self.store.apply(ops))
-            except StoreError as exc:
-                error = exc
-            except Exception as exc:  # a bug below us must not stop every later write
-                error = StoreError(f"{type(exc).__name__}: {exc}")
+            count = len(ops)
+            error = await self._apply(ops)
+            # The batch's bytes go now, not when the next batch replaces them: with every
+            # stream in it, they are a log entry per stored stream (bench/stream_memory.py).
+            del ops, sources
             self.healthy = error is None
             if error is not None:
-                self._on_error(error, len(ops), False)
+                self._on_error(error, count, False)
             if flushed is not None and not flushed.done():
                 if error is None:
                     flushed.set_result(None)
@@ -214,6 +211,17 @@ class StoreWriter:
                 return
             if self._pending:  # deferred sources: due later, whether or not more come
                 self._wake.set()
+
+    async def _apply(self, ops: list[Op]) -> StoreError | None:
+        """Apply one batch; the error, if it failed."""
+        try:
+            if ops:
+                self.on_evicted(await self.store.apply(ops))
+        except StoreError as exc:
+            return exc
+        except Exception as exc:  # a bug below us must not stop every later write
+            return StoreError(f"{type(exc).__name__}: {exc}")
+        return None
 
     async def aclose(self, timeout: float = 5.0) -> None:
         """Write what is pending (up to `timeout` seconds), then stop."""
