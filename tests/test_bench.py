@@ -87,7 +87,10 @@ def test_tracing_cost_compares_off_on_and_before_without_errors() -> None:
     exports = re.search(r"OTLP exports received: ([0-9]+)", output)
     assert exports is not None, output
     assert int(exports.group(1)) >= 1, output  # `on` exported
-    assert re.search(r"tracing on \(100 % sampled\) vs off: [0-9.]+ ×", output), output
+    # a run this small can measure no CPU tick at all: then it says so instead of a ratio
+    assert re.search(
+        r"tracing on \(100 % sampled\) vs off: [0-9.]+ ×|too little CPU measured", output
+    ), output
 
 
 def test_store_cost_measures_every_store_without_errors() -> None:
