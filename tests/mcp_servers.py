@@ -14,6 +14,24 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 from tests.live import LiveServer
 
+#: The proxy settings that let a request's `mcp` tool reach these servers on loopback.
+LOOPBACK: dict[str, Any] = {
+    "mcp_allowed_servers": ("127.0.0.1",),
+    "mcp_allow_private_addresses": True,
+}
+
+
+def mcp_tool(url: str, **extra: Any) -> dict[str, Any]:
+    """A request's `mcp` tool for the server at `url`: label `tools`, no approval asked."""
+    return {
+        "type": "mcp",
+        "server_label": "tools",
+        "server_url": url,
+        "require_approval": "never",
+        **extra,
+    }
+
+
 #: Characters `big` returns.
 BIG = 200_000
 

@@ -14,7 +14,7 @@ from openai_harmony import HarmonyEncoding
 from proxy.harmony.request import compaction
 from proxy.simulator.prompt import CHECKPOINT_ASK
 from proxy.store.memory import MemoryStore
-from tests.mcp_servers import mcp_server
+from tests.mcp_servers import LOOPBACK, mcp_server
 from tests.openapi import assert_response_matches_spec
 from tests.stateful_support import MODEL, Stack, stack
 
@@ -40,8 +40,7 @@ def live(encoding: HarmonyEncoding) -> Iterator[tuple[Stack, str]]:
             encoding,
             MemoryStore(),
             reasoning_keys=(KEY,),
-            mcp_allowed_servers=("127.0.0.1",),
-            mcp_allow_private_addresses=True,
+            **LOOPBACK,
             mcp_call_timeout=5.0,
         ) as running,
     ):

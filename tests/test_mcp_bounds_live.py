@@ -17,7 +17,7 @@ import pytest
 from openai_harmony import HarmonyEncoding
 
 from tests.harmony import ids_of
-from tests.mcp_servers import IN_FLIGHT, PEAK_TAGS, SEEN_AUTH, mcp_server
+from tests.mcp_servers import IN_FLIGHT, LOOPBACK, PEAK_TAGS, SEEN_AUTH, mcp_server, mcp_tool
 from tests.stateful_support import MODEL, Stack, stack, until
 
 
@@ -32,8 +32,7 @@ def live(encoding: HarmonyEncoding, server_url: str) -> Iterator[Stack]:
     with stack(
         encoding,
         None,
-        mcp_allowed_servers=("127.0.0.1",),
-        mcp_allow_private_addresses=True,
+        **LOOPBACK,
         mcp_call_timeout=5.0,
         mcp_max_servers=4,
         mcp_list_cache_seconds=0.0,
@@ -41,14 +40,7 @@ def live(encoding: HarmonyEncoding, server_url: str) -> Iterator[Stack]:
         yield running
 
 
-def mcp(url: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "type": "mcp",
-        "server_label": "tools",
-        "server_url": url,
-        "require_approval": "never",
-        **extra,
-    }
+mcp = mcp_tool
 
 
 #: A model that calls `tools.echo` whatever its prompt says (every pass replays it).
@@ -190,8 +182,7 @@ def test_approved_calls_stop_at_the_loop_timeout(
     with stack(
         encoding,
         None,
-        mcp_allowed_servers=("127.0.0.1",),
-        mcp_allow_private_addresses=True,
+        **LOOPBACK,
         mcp_loop_timeout=0.5,
     ) as running:
         tool = mcp(server_url, allowed_tools=["sleep"], require_approval="always")

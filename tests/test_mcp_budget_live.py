@@ -14,7 +14,7 @@ from openai_harmony import HarmonyEncoding
 
 from proxy.simulator.model import EACH_TOOL
 from tests.harmony import ids_of
-from tests.mcp_servers import mcp_server
+from tests.mcp_servers import mcp_server, mcp_tool
 from tests.openapi import assert_events_match_spec, assert_response_matches_spec
 from tests.stateful_support import MODEL, Stack, dumped, stack
 
@@ -51,13 +51,7 @@ def live(encoding: HarmonyEncoding, server_url: str) -> Iterator[Stack]:
 
 
 def mcp(url: str) -> Any:
-    return {
-        "type": "mcp",
-        "server_label": "tools",
-        "server_url": url,
-        "require_approval": "never",
-        "allowed_tools": ["echo", "add"],
-    }
+    return mcp_tool(url, allowed_tools=["echo", "add"])
 
 
 def replaying(encoding: HarmonyEncoding) -> dict[str, str]:

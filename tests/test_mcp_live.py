@@ -16,7 +16,7 @@ from openai_harmony import HarmonyEncoding
 
 from proxy.simulator.model import EACH_TOOL
 from proxy.store.memory import MemoryStore
-from tests.mcp_servers import SEEN_AUTH, mcp_server
+from tests.mcp_servers import LOOPBACK, SEEN_AUTH, mcp_server, mcp_tool
 from tests.openapi import assert_events_match_spec, assert_response_matches_spec
 from tests.stateful_support import MODEL, Stack, dumped, stack, until
 
@@ -32,8 +32,7 @@ def live(encoding: HarmonyEncoding, server_url: str) -> Iterator[Stack]:
     with stack(
         encoding,
         MemoryStore(),
-        mcp_allowed_servers=("127.0.0.1",),
-        mcp_allow_private_addresses=True,
+        **LOOPBACK,
         mcp_call_timeout=2.0,
         mcp_result_max_chars=500,
         keepalive_interval=0.5,
@@ -41,14 +40,7 @@ def live(encoding: HarmonyEncoding, server_url: str) -> Iterator[Stack]:
         yield running
 
 
-def mcp(url: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "type": "mcp",
-        "server_label": "tools",
-        "server_url": url,
-        "require_approval": "never",
-        **extra,
-    }
+mcp = mcp_tool
 
 
 def types_of(response: Any) -> list[str]:
@@ -327,8 +319,7 @@ def test_sse_transport_and_metrics(encoding: HarmonyEncoding) -> None:
         stack(
             encoding,
             None,
-            mcp_allowed_servers=("127.0.0.1",),
-            mcp_allow_private_addresses=True,
+            **LOOPBACK,
         ) as running,
     ):
         client = running.client()

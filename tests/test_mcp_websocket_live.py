@@ -14,7 +14,7 @@ from openai_harmony import HarmonyEncoding
 from proxy.simulator import SimulatorConfig, create_simulator_app
 from proxy.simulator.model import EACH_TOOL
 from tests.live import LiveServer
-from tests.mcp_servers import SEEN_AUTH, mcp_server
+from tests.mcp_servers import LOOPBACK, SEEN_AUTH, mcp_server, mcp_tool
 from tests.openapi import assert_events_match_spec
 from tests.reliability import Proxy, running_proxy
 
@@ -41,21 +41,13 @@ def proxy(upstream: LiveServer, encoding: HarmonyEncoding) -> Iterator[Proxy]:
         upstream.url,
         encoding,
         store_url="off",
-        mcp_allowed_servers=("127.0.0.1",),
-        mcp_allow_private_addresses=True,
+        **LOOPBACK,
         mcp_call_timeout=5.0,
     ) as proxy:
         yield proxy
 
 
-def mcp(url: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "type": "mcp",
-        "server_label": "tools",
-        "server_url": url,
-        "require_approval": "never",
-        **extra,
-    }
+mcp = mcp_tool
 
 
 def turn(connection: Any, **request: Any) -> list[dict[str, Any]]:

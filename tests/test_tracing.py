@@ -32,7 +32,7 @@ from proxy.simulator.config import SimulatorConfig
 from proxy.store.memory import MemoryStore
 from proxy.tracing import TraceConfig, Tracing, client_attributes, start_tracing
 from tests.live import LiveServer, wait_for
-from tests.mcp_servers import mcp_server
+from tests.mcp_servers import LOOPBACK, mcp_server
 
 MODEL = "openai/gpt-oss-120b"
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -431,9 +431,7 @@ def test_a_hosted_mcp_call_is_a_client_span_under_its_request(encoding: HarmonyE
     }
     with (
         mcp_server() as url,
-        traced(
-            encoding, mcp_allowed_servers=("127.0.0.1",), mcp_allow_private_addresses=True
-        ) as stack,
+        traced(encoding, **LOOPBACK) as stack,
     ):
         client = stack.client()
         response = client.responses.create(
@@ -470,9 +468,7 @@ def test_a_hosted_mcp_call_of_a_websocket_turn_is_a_client_span_in_the_turns_tra
     }
     with (
         mcp_server() as url,
-        traced(
-            encoding, mcp_allowed_servers=("127.0.0.1",), mcp_allow_private_addresses=True
-        ) as stack,
+        traced(encoding, **LOOPBACK) as stack,
     ):
         with connect(stack.proxy.url.replace("http://", "ws://") + "/v1/responses") as socket:
             create = {"type": "response.create", "model": MODEL, "input": "over the socket"}
