@@ -16,6 +16,7 @@ JSON on the hot path; h11 or httpx would cost the generator several times more p
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import resource
 import shutil
@@ -25,7 +26,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -464,6 +466,22 @@ def _keep(answer: Answer, now: float, data: bytes, keep_reads: bool) -> None:
 
 
 # -- figures ---------------------------------------------------------------------------------------
+
+
+@contextmanager
+def no_gc_pauses() -> Iterator[None]:
+    """This process's cyclic GC off for a timed phase: the load generator is the instrument, and
+    its own full collections (100-300 ms with thousands of streams' reads held) would show as
+    latency of whatever it measures. What it holds is collected after."""
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.unfreeze()
+        gc.collect()
 
 
 def pct(values: Sequence[float], q: float) -> float:

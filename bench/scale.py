@@ -52,6 +52,9 @@ class Phase:
     terminal: int = 0
     errors: Counter[str] = field(default_factory=Counter)
     per_frame: list[float] = field(default_factory=list)
+    # (when the simulator sent the frame, seconds after the phase began; the frame's latency)
+    timed: list[tuple[float, float]] = field(default_factory=list)
+    began: float = 0.0
     wall: float = 0.0
     tokens: int = 0
 
@@ -62,6 +65,7 @@ def _frames(answer: harness.Answer, sends: list[tuple[float, bool]], out: Phase)
         index = bisect.bisect_right(token_sends, at) - 1
         if index >= 0:
             out.per_frame.append(at - token_sends[index])
+            out.timed.append((token_sends[index] - out.began, at - token_sends[index]))
 
 
 def _terminal(direct: bool, answer: harness.Answer) -> str | None:
@@ -69,7 +73,11 @@ def _terminal(direct: bool, answer: harness.Answer) -> str | None:
     if answer.error:
         return answer.error
     if answer.status != 200:
-        return f"HTTP {answer.status}"
+        try:
+            code = orjson.loads(answer.body.split(b"\r\n\r\n", 1)[-1])["error"]["code"]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            code = "?"
+        return f"HTTP {answer.status} {code}"
     if direct:
         return None if answer.body.rstrip().endswith(b"data: [DONE]") else "no [DONE]"
     terminal = answer.terminal()
@@ -98,9 +106,10 @@ async def run_phase(
         _frames(answer, recorder.sends.pop(f"{name}-{number}", []), phase)
         answer.reads.clear()
 
-    began = time.monotonic()
-    await asyncio.gather(*(client(n) for n in range(streams)))
-    phase.wall = time.monotonic() - began
+    with harness.no_gc_pauses():
+        began = phase.began = time.monotonic()
+        await asyncio.gather(*(client(n) for n in range(streams)))
+        phase.wall = time.monotonic() - began
     return phase
 
 
@@ -222,6 +231,7 @@ def report(
             rows,
         )
     )
+    print(_by_window(phases, args.window))
     for name, phase in phases:
         if phase.errors:
             print(f"errors, {name}: {dict(phase.errors)}")
@@ -241,6 +251,27 @@ def report(
         )
 
 
+def _by_window(phases: list[tuple[str, Phase]], window: float) -> str:
+    """Per-frame p50 / p99 ms by when the simulator sent the frame: the start burst apart from
+    the steady state."""
+    end = max((at for _, phase in phases for at, _ in phase.timed), default=0.0)
+    edges = [window * n for n in range(int(end // window) + 1)]
+    rows = []
+    for start in edges:
+        row = [f"{start:.0f}-{start + window:.0f} s"]
+        for _, phase in phases:
+            inside = [late for at, late in phase.timed if start <= at < start + window]
+            row.append(
+                f"{len(inside)}: {harness.median(inside) * 1000:.1f} / "
+                f"{harness.pct(inside, 0.99) * 1000:.1f}"
+                if inside
+                else "-"
+            )
+        rows.append(row)
+    headers = ["frames sent at"] + [f"{name}: frames: p50 / p99 ms" for name, _ in phases]
+    return harness.table(headers, rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--streams", type=int, default=4000)
@@ -248,6 +279,9 @@ def main() -> None:
     parser.add_argument("--token-ms", type=float, default=160.0)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--limit-mib", type=int, default=1024)
+    parser.add_argument(
+        "--window", type=float, default=4.0, help="seconds per row of the by-time table"
+    )
     parser.add_argument("--before", type=Path, help="another checkout's proxy, run after this one")
     parser.add_argument(
         "--setting", type=harness.settings_arg, action="append", default=[], metavar="NAME=VALUE"

@@ -50,6 +50,7 @@ from proxy.server import asgi
 from proxy.server.app import create_app
 from proxy.server.deps import ServerState
 from proxy.server.http.guard import http_guard
+from proxy.server.processes import collector
 
 #: Seconds given to streams ended at the drain timeout to write their terminal events.
 _END_GRACE = 0.5
@@ -99,10 +100,7 @@ class DrainingServer(uvicorn.Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         if self.started:  # the lifespan is up and the listener accepts
-            # No gc.freeze() here: with it, per-frame p50 was 1.5-2x worse at 4,000 streams and
-            # a few streams were cut before their head (bench/scale.py, 3 runs of 3). Likely:
-            # the GC's rule for a full pass then counts only the streams' objects, so a burst
-            # of new streams gets one every few young passes.
+            # No gc.freeze() here: collector.py.
             self._on_started(self)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
@@ -242,6 +240,7 @@ async def serve_proxy(
     """Serve the proxy against `settings.upstream_url` until a signal: on `settings.port`, or
     on `sockets` (a worker's own SO_REUSEPORT listener); metrics on `registry` (a worker's is
     shared, multiproc.py), also on `metrics_port`; `on_started` once it accepts."""
+    collector.space_full_passes(settings.gc_full_pass_every)
     state = ServerState()
     registry = registry or CollectorRegistry()
     app = create_app(settings, encoding, state=state, registry=registry, logger=logger)
