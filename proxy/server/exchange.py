@@ -53,6 +53,13 @@ class Recording(Protocol):
     async def finish(self, events: list[dict[str, Any]], *, wait: bool = True) -> None:
         """The terminal batch: stored before the client sees it when `wait`."""
 
+    def end(self, events: list[dict[str, Any]]) -> bool:
+        """The terminal batch handed over; True when `stored()` is to be awaited before the
+        client sees its terminal event."""
+
+    async def stored(self) -> None:
+        """Until what `end` handed over is stored (or failed, logged)."""
+
 
 class _End(Exception):
     """The stream ended abnormally after it started; carries the core's closing events."""
@@ -380,9 +387,23 @@ class Exchange:
         return self.core.cancel()
 
     async def _write(self, sink: EventSink, events: list[dict[str, Any]]) -> None:
-        if self.recorder is not None:
-            await self._keep(events)
-        await sink.events(events)
+        recorder = self.recorder
+        if recorder is None or not self.core.ended:
+            if recorder is not None:
+                recorder.add(events)
+            await sink.events(events)
+        elif not recorder.end(events):
+            await sink.events(events)
+        else:
+            # The terminal event (last) is stored before the client sees it; the last frame's
+            # tokens before it go out meanwhile, not after the commit.
+            head, terminal = events[:-1], events[-1:]
+            try:
+                if head:
+                    await sink.events(head)
+            finally:
+                await recorder.stored()
+            await sink.events(terminal)
         # The check follows what was written, after the bytes are on their way (latency).
         self.selfcheck.observe(events)
         self._note(events)

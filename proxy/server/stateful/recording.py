@@ -80,8 +80,14 @@ class Recorder:
 
     async def finish(self, events: list[dict[str, Any]], *, wait: bool = True) -> None:
         """The terminal batch: stored before the client sees it when `wait` (module doc)."""
+        if self.end(events) and wait:
+            await self.stored()
+
+    def end(self, events: list[dict[str, Any]]) -> bool:
+        """Hand over the terminal batch, to be written in the next batch; True when the caller
+        is to `await stored()` before the client sees its terminal event."""
         if self.finished:
-            return
+            return False
         self.finished = True
         self._stateful.running.discard(self.key)
         if events:
@@ -92,14 +98,16 @@ class Recorder:
             if self.conversation is not None and ended["status"] in _ADDED_WHEN:
                 self._added = (*self.conversation[1], *(ended.get("output") or []))
         if not self._keep and not self._added:
-            return  # nothing to write
-        if not wait or not self._stateful.writer.healthy:
-            # Nobody to serve (or the store is failing: the stream's end is not held for it).
-            self._stateful.writer.schedule(self)
-            return
-        settings = self._stateful.settings
+            return False  # nothing to write
+        self._stateful.writer.schedule(self)
+        # Nobody waits on a failing store: the stream's end is not held for it.
+        return self._stateful.writer.healthy
+
+    async def stored(self) -> None:
+        """Wait until what `end` handed over is applied (bounded by `store_timeout`); a
+        failure is logged, the stream ends all the same."""
         try:
-            async with asyncio.timeout(settings.store_timeout):
+            async with asyncio.timeout(self._stateful.settings.store_timeout):
                 await self._stateful.writer.flush(self)
         except (StoreError, TimeoutError) as exc:
             # Logged here; counted by the store's metrics (apply) or the writer (dropped).
