@@ -7,7 +7,7 @@ import contextlib
 import logging
 import re
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
 from typing import Any, Protocol
 
 import orjson
@@ -27,8 +27,17 @@ SSE_HEADERS = [
 ]
 
 
+#: A request's headers as the ASGI scope has them (lower-case names).
+RawHeaders = Sequence[tuple[bytes, bytes]]
+
+
 def header_pairs(scope: Scope) -> list[tuple[str, str]]:
-    return [(name.decode("latin-1"), value.decode("latin-1")) for name, value in scope["headers"]]
+    return decoded(scope["headers"])
+
+
+def decoded(headers: RawHeaders) -> list[tuple[str, str]]:
+    """`headers` as text (latin-1: any byte is a character)."""
+    return [(name.decode("latin-1"), value.decode("latin-1")) for name, value in headers]
 
 
 def request_id(scope: Scope) -> str:
