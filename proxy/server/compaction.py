@@ -42,7 +42,7 @@ async def summarise(
     prepared: PreparedRequest,
     request_id: str,
     started: float,
-    headers: list[tuple[str, str]],
+    headers: asgi.RawHeaders,
 ) -> Pass:
     """Run the pass (module doc); `UpstreamError` 502 `compaction_failed` when it fails."""
     state = deps.state
@@ -85,7 +85,7 @@ def compacting(
     render: Render,
     request_id: str,
     started: float,
-    headers: list[tuple[str, str]],
+    headers: asgi.RawHeaders,
     inbound: asgi.Disconnects | None = None,
 ) -> tuple[dict[str, Any], Render]:
     """`body` without a last `compaction_trigger` item (never stored: it is a request, not

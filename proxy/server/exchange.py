@@ -76,7 +76,9 @@ class Exchange:
     prepared: PreparedRequest
     request_id: str
     started: float
-    headers: list[tuple[str, str]]
+    #: The client's headers as the scope has them, decoded only for the request upstream: a
+    #: stream's life long they cost nothing beside the scope's own (bench/stream_memory.py).
+    headers: asgi.RawHeaders
     selfcheck: SelfCheck = field(default_factory=SelfCheck)
     phase: str = "before_upstream"
     status: int = 200
@@ -230,30 +232,33 @@ class Exchange:
     async def _opened(self) -> AsyncIterator[Frames]:
         """Upstream's stream; the wait for its head ends with a 503 at the drain's end."""
         async with contextlib.AsyncExitStack() as stack:
-            headers, tracing = self.headers, self.deps.tracing
+            tracing = self.deps.tracing
             if tracing is not None:  # a CLIENT span to the stream's end; upstream joins it
                 url = self.deps.upstream.base_url + "/v1/completions"
                 span = stack.enter_context(
                     tracing.span("POST", client_attributes(url), client=True)
                 )
-                headers = tracing.inject(headers)
-            opened = stack.enter_async_context(self._upstream(headers))
+            opened = stack.enter_async_context(self._upstream())
             frames = await until_drained(self.deps.state, opened)
             if tracing is not None:
                 span.add_event("upstream.head")
                 span.set_attribute("http.response.status_code", 200)
             yield frames
 
-    def _upstream(self, headers: list[tuple[str, str]]) -> Any:
+    def _upstream(self) -> Any:
         # The client's own X-Request-Id is replaced by ours (the same when it was a sane one),
         # as on the pass-through route: never two of them, never the client's junk, upstream.
-        headers = [(n, v) for n, v in headers if n.lower() != asgi.REQUEST_ID]
+        headers = [(n, v) for n, v in asgi.decoded(self.headers) if n.lower() != asgi.REQUEST_ID]
+        if self.deps.tracing is not None:  # within the CLIENT span (`_opened`)
+            headers = self.deps.tracing.inject(headers)
         body = self.prepared.completion_body
         if not self.takes_response_format and "response_format" in body:
             body = {key: value for key, value in body.items() if key != "response_format"}
+        # An iterator, read once when the request is sent: the context manager keeps its
+        # arguments for the stream's life, and an iterator read to its end holds nothing.
         return self.deps.upstream.completion_stream(
             body,
-            [*headers, (asgi.REQUEST_ID, self.request_id)],
+            iter([*headers, (asgi.REQUEST_ID, self.request_id)]),
             timeout=self.deps.settings.first_token_timeout,
         )
 

@@ -116,6 +116,7 @@ class Upstream:
         """
         deadline = asyncio.get_running_loop().time() + timeout
         response = await self._open(body, headers, timeout)
+        del headers  # sent: not kept while the stream is open
         try:
             left = deadline - asyncio.get_running_loop().time()
             await _check_status(response, max(0.0, min(self._error_body_seconds, left)))

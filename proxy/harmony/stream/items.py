@@ -7,6 +7,7 @@ completed header; `OpenItem` then owns that item's events from `output_item.adde
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 
 from proxy.harmony.response import IdFactory, Sealer
@@ -29,8 +30,8 @@ class OpenItem:
     __slots__ = (
         "call_id",
         "channel",
-        "chunks",
         "done_item",
+        "done_text",
         "held",
         "item_id",
         "kind",
@@ -44,6 +45,7 @@ class OpenItem:
         "sent",
         "text_tokens",
         "tokens",
+        "utf8",
     )
 
     def __init__(
@@ -69,13 +71,15 @@ class OpenItem:
         self.namespace = namespace
         self.call_id = call_id
         self.seal = seal  # reasoning: `encrypted_content` of the done item
-        # Text as it went out: one string per flush, compacted, so an open stream holds a few
-        # strings rather than one small object per token (memory per open stream).
-        self.chunks: list[str] = []
+        # Text as it went out, as UTF-8: one buffer rather than one small object per token,
+        # and 1-2 bytes a character where a `str` with one emoji in it takes 4 (memory per open
+        # stream, bench/stream_memory.py). One encode per flush (a frame's deltas).
+        self.utf8 = bytearray()
         self.pending: list[str] = []  # deltas since the last flush
         self.text_tokens = 0  # tokens that gave text: one delta each at one delta per token
         self.tokens = 0
         self.done_item: ev.Item = {}
+        self.done_text: str | None = None  # the text, once closed: decoded once
         # Logprob entries of the item's tokens (None: not asked, or not a message):
         # `sent` of them went out with deltas; the last `held` wait for the delta that shows
         # their bytes (a character split across tokens, held back by the parser).
@@ -94,16 +98,16 @@ class OpenItem:
             return ""
         text = pending[0] if len(pending) == 1 else "".join(pending)
         pending.clear()
-        chunks = self.chunks
-        chunks.append(text)
-        if len(chunks) >= 32:
-            chunks[:] = ["".join(chunks)]
+        # Deltas are decoded text (never a lone surrogate): strict UTF-8 round-trips them.
+        self.utf8 += text.encode()
         # A web search streams no text, only its lifecycle; its text is kept for the action.
         return "" if self.kind == ev.WEB_SEARCH_CALL else text
 
     @property
     def text(self) -> str:
-        return "".join(self.chunks) + "".join(self.pending)
+        if self.done_text is not None:
+            return self.done_text
+        return self.utf8.decode() + "".join(self.pending)
 
     def delta_event(self, text: str) -> ev.Event:
         return ev.delta(self.kind, self.output_index, self.item_id, text, self._release())
@@ -160,7 +164,7 @@ class OpenItem:
     def closing_events(self, status: str) -> Iterator[ev.Event]:
         """Every done event of the item, in the stream's order (all of them before anything of the
         next item); sets `done_item`."""
-        text = self.text
+        text = self.done_text = self.text
         entries = self._settle()
         if self.kind == ev.WEB_SEARCH_CALL:
             yield ev.web_search_event("completed", self.output_index, self.item_id)
@@ -171,6 +175,60 @@ class OpenItem:
             yield ev.part_done(self.output_index, self.item_id, part)
         self.done_item = self._item(text, status)
         yield ev.item_done(self.output_index, self.done_item)
+
+
+#: What a `bytes` object takes beside its bytes.
+_BYTES_SIZE = sys.getsizeof(b"")
+
+
+class KeptItem:
+    """A closed item as the response keeps it until its end (its terminal event lists every
+    item): the done item without its text, and the text as UTF-8 — kept so only when that is
+    smaller: a `str` with one emoji in it takes 4 bytes a character (memory per open stream).
+    `item()` gives the done item back, equal to the one sent."""
+
+    __slots__ = ("_bare", "_utf8")
+
+    def __init__(self, bare: ev.Item, utf8: bytes) -> None:
+        self._bare = bare
+        self._utf8 = utf8
+
+    def item(self) -> ev.Item:
+        text = self._utf8.decode()
+        bare = self._bare
+        if bare["type"] == ev.FUNCTION_CALL:
+            return {**bare, "arguments": text}
+        part, *rest = bare["content"]
+        return {**bare, "content": [{**part, "text": text}, *rest]}
+
+
+def kept(item: ev.Item, utf8: bytes | bytearray | None = None) -> ev.Item | KeptItem:
+    """`item` (a done item) as the response keeps it until its end (`KeptItem`); `utf8`: its
+    text as UTF-8 when the caller has it (an `OpenItem`'s), else encoded here."""
+    if item["type"] == ev.FUNCTION_CALL:
+        text: str = item["arguments"]
+    elif item.get("content"):  # a message or reasoning item: one text part
+        text = item["content"][0]["text"]
+    else:
+        return item
+    if text.isascii():  # one byte a character either way
+        return item
+    if utf8 is None:
+        utf8 = text.encode()
+    if len(utf8) + _BYTES_SIZE >= sys.getsizeof(text):  # text of 2-byte characters (CJK)
+        return item
+    utf8 = bytes(utf8)
+    # A copy: the item itself is in the `output_item.done` event, which may still wait to be
+    # written (a stored response's events).
+    if item["type"] == ev.FUNCTION_CALL:
+        return KeptItem({**item, "arguments": ""}, utf8)
+    part, *rest = item["content"]
+    return KeptItem({**item, "content": [{**part, "text": ""}, *rest]}, utf8)
+
+
+def shown(item: ev.Item | KeptItem) -> ev.Item:
+    """The done item `kept` made `item` from."""
+    return item.item() if isinstance(item, KeptItem) else item
 
 
 def classify(

@@ -22,7 +22,7 @@ from proxy.harmony import tokens as tk
 from proxy.harmony.constraint import ConstraintCheck, Violation
 from proxy.harmony.response import IdFactory, ResponseContext
 from proxy.harmony.stream import events as ev
-from proxy.harmony.stream.items import FINAL_CHANNEL, OpenItem, classify
+from proxy.harmony.stream.items import FINAL_CHANNEL, KeptItem, OpenItem, classify, kept
 from proxy.harmony.stream.logprobs import Logprobs
 from proxy.harmony.stream.parser import HarmonyParser
 from proxy.harmony.stream.record import Tally
@@ -59,7 +59,7 @@ class TokenMachine:
     _log: ev.EventLog
     _parse: Parse
     _open: OpenItem | None
-    _output: list[ev.Item]
+    _output: list[ev.Item | KeptItem]  # the closed items, as kept (items.py `kept`)
     _message_tokens: int  # tokens of the message being parsed, header included
     _tally: Tally
     _malformed: Counter[str]
@@ -242,7 +242,7 @@ class TokenMachine:
         item.tokens = self._message_tokens
         for event in item.closing_events(status):
             self._emit(event)
-        self._output.append(item.done_item)
+        self._output.append(kept(item.done_item, item.utf8))  # flushed: utf8 is its text
         self._tally.closed(item)
         self._open = None
         check = self._check

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import zlib
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -189,7 +189,7 @@ class Tally:
         *,
         status: str,
         finish_reason: str | None,
-        output: list[dict[str, Any]],
+        output: Sequence[object],
         malformed: Mapping[str, int],
         compared: bool,
     ) -> RepairRecord:

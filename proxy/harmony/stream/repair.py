@@ -60,7 +60,7 @@ from proxy.harmony.response import (
     usage,
 )
 from proxy.harmony.stream import events as ev
-from proxy.harmony.stream.items import OpenItem
+from proxy.harmony.stream.items import KeptItem, OpenItem, shown
 from proxy.harmony.stream.logprobs import Logprobs
 from proxy.harmony.stream.machine import CONTENT, EXPECT_START, HEADER, TokenMachine, Violated
 from proxy.harmony.stream.parser import HarmonyParser, TokenTable
@@ -111,7 +111,7 @@ class ResponseStream(TokenMachine):
         self._phase = _Phase.NEW
         self._parse = HEADER
         self._open: OpenItem | None = None
-        self._output: list[ev.Item] = []
+        self._output: list[ev.Item | KeptItem] = []
         self._message_tokens = 0  # tokens of the message being parsed, header included
         self._tally = Tally()
         self._malformed: Counter[str] = Counter()
@@ -331,7 +331,7 @@ class ResponseStream(TokenMachine):
         return response_object(
             self._ctx,
             status=self._status,
-            output=list(self._output),
+            output=[shown(item) for item in self._output],
             usage=None
             if self._status == "in_progress"
             else usage(self._ctx.input_tokens, produced, self._tally.reasoning_tokens),

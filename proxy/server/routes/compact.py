@@ -79,7 +79,7 @@ async def _compact(
     request_id = asgi.request_id(request.scope)
     # A client that goes away cancels the pass and its upstream request.
     done = await watched(
-        inbound, summarise(deps, prepared, request_id, started, asgi.header_pairs(request.scope))
+        inbound, summarise(deps, prepared, request_id, started, request.scope["headers"])
     )
     keys = deps.reasoning_keys
     kept = compaction.kept(

@@ -178,9 +178,7 @@ async def admit(
     )
     if deps.tracing is not None:
         render = deps.tracing.traced("render", render)
-    body, render = compacting(
-        deps, body, render, request_id, started, asgi.header_pairs(scope), inbound
-    )
+    body, render = compacting(deps, body, render, request_id, started, scope["headers"], inbound)
     try:
         with maybe_span(deps.tracing, "prepare"):  # stored history read, then rendered
             if stateful is not None:
@@ -230,7 +228,7 @@ async def admit(
         prepared,
         request_id,
         started,
-        asgi.header_pairs(scope),
+        scope["headers"],
         guided=guided,
         takes_response_format=state.capability.takes_response_format,
     )
