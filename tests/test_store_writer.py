@@ -181,3 +181,45 @@ def test_a_source_is_taken_at_most_once_per_interval_unless_flushed() -> None:
         assert (await store.read_log("a"))[-1] == (14, b"last")
 
     asyncio.run(scenario())
+
+
+def test_a_large_batch_is_taken_in_slices_with_the_loop_running_between() -> None:
+    """Taking thousands of sources at once would hold the loop: between slices of `TAKE_SLICE`
+    seconds of takes, other callbacks run; every source's writes still go in one apply."""
+
+    async def scenario() -> None:
+        now = [0.0]
+
+        def clock() -> float:
+            now[0] += 0.0004  # each read of the clock: 0.4 ms later
+            return now[0]
+
+        order: list[str] = []
+
+        class Logged(Pending):
+            def take(self) -> list[Op]:
+                order.append("take")
+                return super().take()
+
+        store = Recording()
+        writer = StoreWriter(store, lambda error, count, dropped: None, window=0.0, monotonic=clock)
+        writer.start()
+        sources = [Logged(create(f"r{n}")) for n in range(12)]
+        for source in sources:
+            writer.schedule(source)
+
+        async def ticker() -> None:
+            while len(order) < 12 + order.count("tick"):
+                order.append("tick")
+                await asyncio.sleep(0)
+
+        ticking = asyncio.create_task(ticker())
+        await writer.flush(sources[0])
+        await ticking
+        takes = [n for n, what in enumerate(order) if what == "take"]
+        assert len(takes) == 12
+        assert any(order[n + 1] == "tick" for n in takes[:-1])  # the loop ran between slices
+        assert [len(batch) for batch in store.batches] == [12]  # still one apply
+        await writer.aclose()
+
+    asyncio.run(scenario())

@@ -54,7 +54,8 @@ def test_the_last_frame_goes_out_before_the_commit_and_the_terminal_event_after(
                     if seen[-1]["type"] == "response.output_item.done" and store.held.is_set():
                         break
             # Every event of the end but the terminal one arrived while its write waits.
-            assert store.held.is_set() and not store.gate.is_set()
+            assert store.held.is_set()
+            assert not store.gate.is_set()
             types = [event["type"] for event in seen]
             assert "response.output_text.done" in types
             assert "response.completed" not in types

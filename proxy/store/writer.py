@@ -54,6 +54,8 @@ MAX_PENDING = 10_000
 WINDOW = 0.01
 #: Seconds after a source's last batch before it is taken again (unless flushed).
 INTERVAL = 0.1
+#: Seconds of `take()` calls in one go on the event loop; a batch of more yields between slices.
+TAKE_SLICE = 0.001
 #: A source not taken for this long is forgotten (its next writes count as new: taken at once).
 FORGET_AFTER = 10 * INTERVAL
 
@@ -191,8 +193,14 @@ class StoreWriter:
                 continue
             flushed, self._flushed = self._flushed, None
             ops: list[Op] = []
+            until = self._monotonic() + TAKE_SLICE
             for source in sources:
                 ops += source.take()
+                if self._monotonic() >= until:
+                    # Encoding thousands of streams' events at once would hold the loop (and
+                    # their frames) for tens of ms: the loop runs between slices.
+                    await asyncio.sleep(0)
+                    until = self._monotonic() + TAKE_SLICE
             count = len(ops)
             error = await self._apply(ops)
             # The batch's bytes go now, not when the next batch replaces them: with every
