@@ -19,7 +19,7 @@ import contextlib
 import math
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from starlette.types import Send
 
@@ -34,31 +34,10 @@ from proxy.server import asgi
 from proxy.server.deadline import Deadline
 from proxy.server.deps import SHUTTING_DOWN, RepairDeps, until_drained
 from proxy.server.selfcheck import SelfCheck
-from proxy.server.sink import EventSink
+from proxy.server.sink import EventSink, Recording
 from proxy.tracing import client_attributes
 from proxy.upstream.completions import FrameError
 from proxy.upstream.frames import Frames
-
-
-class Recording(Protocol):
-    """Where the events of a stored response go as they are written: the exchange's stored copy
-    (`Recorder`, stateful/recording.py, made by the route or the background run)."""
-
-    @property
-    def finished(self) -> bool: ...
-
-    def add(self, events: list[dict[str, Any]]) -> None:
-        """A batch of events, not the last."""
-
-    async def finish(self, events: list[dict[str, Any]], *, wait: bool = True) -> None:
-        """The terminal batch: stored before the client sees it when `wait`."""
-
-    def end(self, events: list[dict[str, Any]]) -> bool:
-        """The terminal batch handed over; True when `stored()` is to be awaited before the
-        client sees its terminal event."""
-
-    async def stored(self) -> None:
-        """Until what `end` handed over is stored (or failed, logged)."""
 
 
 class _End(Exception):

@@ -9,7 +9,8 @@ the transport that carries the events to the client.
 `SseSink` writes server-sent events on an HTTP response; `WebSocketSink` writes one JSON text
 message per event on a WebSocket (routes/websocket.py, routes/turn.py), the pings of the
 WebSocket protocol keeping it alive, and a refusal as the spec's `error` event (`error`);
-`NO_SINK` is a run with no client (a background response).
+`NO_SINK` is a run with no client (a background response). `Recording` is the other place
+the events go, for a stored response: its copy in the store.
 """
 
 from __future__ import annotations
@@ -107,3 +108,24 @@ class _NoSink:
 
 
 NO_SINK: EventSink = _NoSink()
+
+
+class Recording(Protocol):
+    """Where the events of a stored response go as they are written: the exchange's stored copy
+    (`Recorder`, stateful/recording.py, made by the route or the background run)."""
+
+    @property
+    def finished(self) -> bool: ...
+
+    def add(self, events: list[dict[str, Any]]) -> None:
+        """A batch of events, not the last."""
+
+    async def finish(self, events: list[dict[str, Any]], *, wait: bool = True) -> None:
+        """The terminal batch: stored before the client sees it when `wait`."""
+
+    def end(self, events: list[dict[str, Any]]) -> bool:
+        """The terminal batch handed over; True when `stored()` is to be awaited before the
+        client sees its terminal event."""
+
+    async def stored(self) -> None:
+        """Until what `end` handed over is stored (or failed, logged)."""
