@@ -28,6 +28,12 @@ at its most (sampled every 0.5 s), against `--limit-mib` (the memory limit of th
 in deploy/kubernetes/base/deployment.yaml). Targets: every stream terminal, added per-frame p99 ≤ 5
 ms, memory within the limit. `--before DIR`: a second proxy phase with another checkout's proxy,
 after this one's (each against the same direct phase).
+
+`--profile FROM:TO` samples this checkout's proxy tree with py-spy (`--nonblocking`: the
+processes are not paused) from FROM to TO seconds into its phase, and prints the functions that
+held its workers' event loops there: by own time (the leaf of each sample) and by time inside
+(every function on the stack once per sample), as shares of the loops' busy samples. py-spy
+counts a thread only while it runs, so an idle loop adds nothing.
 """
 
 from __future__ import annotations
@@ -36,7 +42,9 @@ import argparse
 import asyncio
 import bisect
 import re
+import shutil
 import sys
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -200,11 +208,71 @@ async def proxy_phase(
                 peak = max(peak, sum(proxy.tree_pss_kb().values()) / 1024)
 
         sampler = asyncio.ensure_future(sample())
+        profiler = None
+        if args.profile and root == harness.ROOT:
+            profiler = asyncio.ensure_future(profile(proxy.pid, *args.profile))
         through = await run_phase("proxy", proxy.port, payloads, recorder, args.streams)
         sampler.cancel()
+        if profiler is not None:
+            print(await profiler)
     finally:
         proxy.stop()
     return through, idle, peak
+
+
+async def profile(pid: int, start: float, end: float, top: int = 25) -> str:
+    """py-spy's samples of the tree of `pid` from `start` to `end` seconds from now, summed by
+    function over the worker processes' main threads (module docstring)."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    await asyncio.sleep(start)
+    out = Path(tempfile.gettempdir()) / "scale-profile.txt"  # kept: py-spy's raw samples
+    out.unlink(missing_ok=True)
+    command = [spy, "record", "--nonblocking", "--subprocesses", "--threads", "--rate", "250"]
+    command += ["--format", "raw", "--output", str(out), "--duration", f"{end - start:.0f}"]
+    process = await asyncio.create_subprocess_exec(
+        *command,
+        "--pid",
+        str(pid),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, said = await process.communicate()
+    lines = out.read_text().splitlines() if out.exists() else []
+    own: Counter[str] = Counter()
+    inside: Counter[str] = Counter()
+    total = 0
+    for line in lines:
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        # "process <pid>:<command line>" per generation, "thread (<tid>): <name>", the frames
+        at = next((n for n, frame in enumerate(frames) if frame.startswith("thread (")), 0)
+        if not at or "processes.worker" not in frames[at - 1] or "MainThread" not in frames[at]:
+            continue
+        frames = frames[at - 1 :]
+        samples = int(count)
+        total += samples
+        functions = [_function(frame) for frame in frames[2:]] or ["(no Python frame)"]
+        own[functions[-1]] += samples
+        for function in set(functions):
+            inside[function] += samples
+    if not total:
+        return (
+            f"profile {start:g}-{end:g} s: no worker's loop sampled; py-spy said: {said[-400:]!r}"
+        )
+    rows = []
+    for (mine, n_own), (held, n_in) in zip(
+        own.most_common(top), inside.most_common(top), strict=False
+    ):
+        rows.append([f"{n_own / total:.1%}", mine, f"{n_in / total:.1%}", held])
+    title = f"## profile {start:g}-{end:g} s into the phase: {total} samples of the workers' loops"
+    title += f" (all samples: {out})"
+    return title + "\n" + harness.table(["own", "function", "inside", "function "], rows)
+
+
+def _function(frame: str) -> str:
+    """`name (path/file.py:line)` → `name (file.py)`: one row per function, not per line."""
+    name, _, where = frame.partition(" (")
+    return f"{name} ({Path(where.rsplit(':', 1)[0]).name})" if where else name
 
 
 def report(
@@ -294,6 +362,14 @@ def _by_window(phases: list[tuple[str, Phase]], window: float) -> str:
     return harness.table(headers, rows)
 
 
+def _seconds_span(text: str) -> tuple[float, float]:
+    start, _, end = text.partition(":")
+    span = float(start), float(end)
+    if not 0 <= span[0] < span[1]:
+        raise argparse.ArgumentTypeError("FROM:TO, seconds, FROM < TO")
+    return span
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--streams", type=int, default=4000)
@@ -305,6 +381,9 @@ def main() -> None:
         "--window", type=float, default=4.0, help="seconds per row of the by-time table"
     )
     parser.add_argument("--before", type=Path, help="another checkout's proxy, run after this one")
+    parser.add_argument(
+        "--profile", type=_seconds_span, metavar="FROM:TO", help="py-spy this proxy's loops then"
+    )
     parser.add_argument(
         "--setting", type=harness.settings_arg, action="append", default=[], metavar="NAME=VALUE"
     )
