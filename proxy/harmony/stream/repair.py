@@ -122,7 +122,9 @@ class ResponseStream(TokenMachine):
         self._compare = compare_unpatched
         self._recovery: RecoveryAccounting | None = None
         if compare_unpatched:
-            self._recovery = RecoveryAccounting(encoding, ctx, self._tally, derive=derive_unpatched)
+            self._recovery = RecoveryAccounting(
+                encoding, ctx, self._tally, self._parser, derive=derive_unpatched
+            )
         self._status = "in_progress"
         self._finish_reason: str | None = None
         self._check = None if ctx.constraint is None else ConstraintCheck(ctx.constraint)
@@ -185,7 +187,7 @@ class ResponseStream(TokenMachine):
         if self._open is not None:
             self._flush(self._open)
         if self._recovery is not None:
-            self._recovery.frame(token_ids, self._parser, self._parse is EXPECT_START)
+            self._recovery.frame(token_ids, self._parse is EXPECT_START)
         return self._log.take()
 
     def finish(
