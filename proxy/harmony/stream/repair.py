@@ -112,6 +112,7 @@ class ResponseStream(TokenMachine):
         self._parse = HEADER
         self._open: OpenItem | None = None
         self._output: list[ev.Item | KeptItem] = []
+        self._closed: ev.Item | None = None
         self._message_tokens = 0  # tokens of the message being parsed, header included
         self._tally = Tally()
         self._malformed: Counter[str] = Counter()
@@ -162,6 +163,7 @@ class ResponseStream(TokenMachine):
         """
         self._require(_Phase.STREAMING, "feed")
         self._tally.frames += 1
+        self._closed = None  # the last frame's events are on their way: kept items suffice
         fast = self._ctx.coalesce_deltas
         position, end = 0, len(token_ids)
         tracked = self._logprobs is not None
@@ -330,10 +332,14 @@ class ResponseStream(TokenMachine):
         error: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         produced = self._tally.tokens if output_tokens is None else output_tokens
+        closed = self._closed  # the last item, closed in this frame: listed as it is
+        output = [shown(item) for item in (self._output if closed is None else self._output[:-1])]
+        if closed is not None:
+            output.append(closed)
         return response_object(
             self._ctx,
             status=self._status,
-            output=[shown(item) for item in self._output],
+            output=output,
             usage=None
             if self._status == "in_progress"
             else usage(self._ctx.input_tokens, produced, self._tally.reasoning_tokens),
