@@ -165,3 +165,23 @@ def test_single_token_responses(encoding: HarmonyEncoding, token: int, finish: s
         validate_events(events)
         malformed = stream.record().malformed
         assert malformed == ({"incomplete_header": 1} if finish == "stop" else {})
+
+
+def test_the_terminal_snapshot_lists_the_item_closed_in_its_frame_as_sent(
+    encoding: HarmonyEncoding,
+) -> None:
+    """The item closed in the terminal's own frame is the very object its done event carries
+    (no decoded copy of its text held beside it); one closed in an earlier frame, kept as UTF-8
+    (its text has an emoji), comes back equal."""
+    text = TEXT.replace("order status.", "order status 📦.")
+    text = text.replace("arriving Thursday.", "arriving Thursday 🚚.")
+    ids = ids_of(encoding, text)
+    split = ids.index(ids_of(encoding, "<|start|>")[0])
+    stream = ResponseStream(encoding, context(), CountingIds())
+    events = stream.start() + stream.feed(ids[:split]) + stream.feed(ids[split:])
+    last = events + stream.finish("stop")
+    done = [e["item"] for e in last if e["type"] == "response.output_item.done"]
+    output = last[-1]["response"]["output"]
+    assert output == done
+    assert output[-1] is done[-1]
+    assert output[0] is not done[0]

@@ -224,6 +224,9 @@ def test_the_per_connection_state_the_guard_reads_is_there() -> None:
         count = state.total_requests
         check(count == 3, "ServerState.total_requests (counted by on_response_complete)")
         check(transport.written.count(b"HTTP/1.1 200 OK\r\n") == 3, "the cycle's writes")
+        # The guard's own attributes are in slots (closing.py) so that uvicorn's stay within the
+        # 30 keys an instance dict shares with its class's: one dict per connection less.
+        check(len(vars(protocol)) <= 30, "the attributes of HttpToolsProtocol (at most 30)")
         protocol.connection_lost(None)
 
     asyncio.run(run())
@@ -330,3 +333,22 @@ def test_httptools_chains_a_callbacks_exception() -> None:
         "there to tell their own refusals from parse errors; re-check both, then raise "
         "httptools' bound in pyproject.toml"
     )
+
+
+def test_the_guards_own_state_adds_no_dict_keys() -> None:
+    """`GuardedProtocol` and `ClosingProtocol` keep their state in slots: a connection's dict
+    holds uvicorn's attributes alone (the check above bounds those)."""
+    from proxy.server.http.guard import Guard, Limits
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        return None
+
+    async def run() -> None:
+        config = uvicorn.Config(app, http="httptools", ws="none", log_config=None)
+        limits = Limits(65536, 100, 5.0, 5.0, 1.0, 5.0, 1000, 30.0, 1 << 20, 20.0)
+        state = ServerState()
+        guarded = Guard(limits).protocol()(config=config, server_state=state, app_state={})
+        plain = HttpToolsProtocol(config=config, server_state=state, app_state={})
+        assert set(vars(guarded)) == set(vars(plain))
+
+    asyncio.run(run())

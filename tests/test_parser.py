@@ -170,3 +170,27 @@ def test_the_fast_path_hands_over_where_it_must(
     assert not compare(encoding, table, well_formed, runs=True).delegated
     for extra in ([201_100], [2**40], ids_of(encoding, "<|end|>x")):
         assert compare(encoding, table, well_formed + extra, runs=True).delegated
+
+
+def test_a_shared_log_keeps_every_id_after_the_takeover(
+    encoding: HarmonyEncoding, table: TokenTable
+) -> None:
+    """The recovery accounting reads the frames' ids from the log (`share_log`): it must hold
+    every id taken, also those openai-harmony's parser took; unshared it goes at the takeover."""
+    head = ids_of(encoding, "<|channel|>final<|message|>Hi<|end|><|start|>")
+    ids = head + ids_of(encoding, "user<|message|>Me<|end|>")  # another author: it takes over
+    for shared in (False, True):
+        ours = HarmonyParser(encoding, table)
+        ours.share_log(shared)
+        for token in ids:
+            ours.process(token)
+        assert ours.delegated
+        assert list(ours.log) == (ids if shared else [])
+    ours.share_log(False)
+    assert list(ours.log) == []
+    before = HarmonyParser(encoding, table)
+    before.share_log(True)
+    for token in head:
+        before.process(token)
+    before.share_log(False)  # not taken over: its replay still needs them
+    assert list(before.log) == head

@@ -126,6 +126,11 @@ BUILDER = {
     "another author": "<|channel|>final<|message|>Hi<|end|><|start|>user<|channel|>final"
     "<|message|>Me<|end|><|start|>assistant<|channel|>final<|message|>Bye<|return|>",
     "cut inside a header": "<|channel|>final<|message|>Hi<|end|><|start|>assistant<|channel|>fi",
+    # openai-harmony's parser takes over from the core's at the user header; the ids it took
+    # count when upstream's builder parses them again at the end
+    "another author, then a browser call": "<|channel|>final<|message|>Hi<|end|><|start|>user"
+    "<|message|>Me<|end|><|start|>assistant<|channel|>commentary to=browser.search<|message|>"
+    '{"query": "q"}<|call|>',
     "nothing at all": "",
 }
 

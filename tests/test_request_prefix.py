@@ -449,3 +449,12 @@ def test_non_finite_schema_is_rejected_before_any_cached_lookup(encoding: Harmon
     prepare_request(null, encoding, prefixes=prefixes)
     with pytest.raises(ClientError, match="finite"):
         prepare_request(nan, encoding, prefixes=prefixes)
+
+
+def test_requests_without_tools_share_their_empty_name_sets() -> None:
+    """A stream keeps its request's name sets for its life: without tools, one pair for all."""
+    first, second = read_tools(None), read_tools(None)
+    assert first.function_names is second.function_names is first.namespace_names
+    assert not first.function_names
+    assert first.echo == []
+    assert first.echo is not second.echo  # the echo is each response's own

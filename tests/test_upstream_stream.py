@@ -8,9 +8,11 @@ import contextlib
 import socket
 import ssl
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -529,6 +531,32 @@ def test_connection_broken_mid_body(how: str) -> None:
 async def frames_of(upstream: Upstream, timeout: float = 5.0) -> list[tuple[int, ...]]:
     async with upstream.completion_stream({"prompt": [1]}, [], timeout=timeout) as frames:
         return [frame.token_ids async for frame in frames]
+
+
+class _Body(dict[str, Any]):
+    """A body that can be watched for going away (a dict takes no weak reference)."""
+
+
+def test_completion_stream_keeps_nothing_of_the_body_while_it_is_open() -> None:
+    """The prompt's ids go with the send: the body does not stay with the open stream (memory
+    per open stream, bench/stream_memory.py)."""
+
+    async def run() -> None:
+        async with serving(answer(chunked(FRAME, LAST, b"data: [DONE]\n\n"))) as server:
+            upstream = Upstream(server.url, connect_timeout=2)
+            body = _Body(prompt=[1])
+            gone = weakref.ref(body)
+            opened = upstream.completion_stream(body, [], timeout=5)
+            del body
+            async with opened as frames:
+                assert gone() is None
+                got = [f.token_ids async for f in frames]
+            assert got == [(1, 2), (3,), ()]
+            (request,) = server.requests
+            assert orjson.loads(request.body) == {"prompt": [1]}
+            await upstream.aclose()
+
+    asyncio.run(run())
 
 
 def test_the_client_connects_directly_whatever_proxy_the_environment_names(

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import math
 from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from starlette.types import Send
@@ -231,6 +231,8 @@ class Exchange:
         if self.deps.tracing is not None:  # within the CLIENT span (`_opened`)
             headers = self.deps.tracing.inject(headers)
         body = self.prepared.completion_body
+        # Sent once: the prompt's ids are not kept for the stream's life (its count is in `ctx`).
+        self.prepared = replace(self.prepared, prompt_token_ids=[], completion_body={})
         if not self.takes_response_format and "response_format" in body:
             body = {key: value for key, value in body.items() if key != "response_format"}
         # An iterator, read once when the request is sent: the context manager keeps its

@@ -115,8 +115,10 @@ class Upstream:
         The frames raise `FrameError` when the connection breaks or a frame is oversize.
         """
         deadline = asyncio.get_running_loop().time() + timeout
+        logprobs = bool(body.get("logprobs"))
         response = await self._open(body, headers, timeout)
-        del headers  # sent: not kept while the stream is open
+        # Sent: not kept while the stream is open (the body's prompt ids: ~40 bytes each).
+        del headers, body
         try:
             left = deadline - asyncio.get_running_loop().time()
             await _check_status(response, max(0.0, min(self._error_body_seconds, left)))
@@ -133,7 +135,7 @@ class Upstream:
                     f"upstream answered /v1/completions with content-encoding {coding}",
                     code="upstream_bad_response",
                 )
-            yield Frames(response, logprobs=bool(body.get("logprobs")))
+            yield Frames(response, logprobs=logprobs)
         finally:
             response.close()
 

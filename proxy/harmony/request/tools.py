@@ -116,12 +116,15 @@ class ToolSet:
     echo: list[dict[str, Any]]
 
 
+#: No names: one set for every request without tools (an empty frozenset is ~200 bytes, and a
+#: stream keeps its request's for its life: bench/stream_memory.py).
+_NO_NAMES: frozenset[str] = frozenset()
+
+
 def read_tools(value: Any) -> ToolSet:
     """Validate `tools` (None when absent) and build the Harmony namespaces and the echo."""
     if value is None:
-        return ToolSet(
-            namespaces=(), function_names=frozenset(), namespace_names=frozenset(), echo=[]
-        )
+        return ToolSet(namespaces=(), function_names=_NO_NAMES, namespace_names=_NO_NAMES, echo=[])
     grouped: dict[str, tuple[str | None, list[ToolDescription]]] = {}
     echo: list[dict[str, Any]] = []
     for index, item in enumerate(want_list(value, "tools")):

@@ -60,6 +60,9 @@ class TokenMachine:
     _parse: Parse
     _open: OpenItem | None
     _output: list[ev.Item | KeptItem]  # the closed items, as kept (items.py `kept`)
+    #: The last of them as closed in this frame (or end): its done events hold it anyway, and
+    #: a terminal snapshot lists it as it is instead of a decoded copy (None: none this frame).
+    _closed: ev.Item | None
     _message_tokens: int  # tokens of the message being parsed, header included
     _tally: Tally
     _malformed: Counter[str]
@@ -243,6 +246,7 @@ class TokenMachine:
         for event in item.closing_events(status):
             self._emit(event)
         self._output.append(kept(item.done_item, item.utf8))  # flushed: utf8 is its text
+        self._closed = item.done_item
         self._tally.closed(item)
         self._open = None
         check = self._check

@@ -26,8 +26,10 @@ tokens' bytes (`TokenTable`) and the parser's own rules, transcribed from openai
 Everything else — a token the parser would reject, bytes that are no UTF-8, an id outside the
 vocabulary, a header of another author or outside those rules — is where openai-harmony's
 parser takes over: one is made, replays the ids fed so far (kept as 4-byte words) and gets
-this one and all later ones itself. Its answers are the reference; `tests/test_parser.py`
-checks on random token streams that both parsers give the same answers token by token.
+this one and all later ones itself (`share_log()`: the ids it takes then are logged still, for
+the recovery accounting, which reads its ids from this log). Its answers are the reference;
+`tests/test_parser.py` checks on random token streams that both parsers give the same answers
+token by token.
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ class HarmonyParser:
         "_delta",
         "_encoding",
         "_header",
+        "_keep",
         "_log",
         "_real",
         "_recipient",
@@ -108,6 +111,7 @@ class HarmonyParser:
         self._channel: str | None = None
         self._recipient: str | None = None
         self._log = array("I")  # every id taken, for openai-harmony's parser to replay
+        self._keep = False  # the log is shared (`share_log`): kept after the takeover too
         self._real: Any = None  # that parser's compiled core, once it took over
 
     # -- what the core reads ---------------------------------------------------------------
@@ -146,6 +150,19 @@ class HarmonyParser:
         return len(self._undecoded)
 
     @property
+    def log(self) -> array[int]:
+        """Every id taken so far, in order; after the takeover only while shared."""
+        return self._log
+
+    def share_log(self, shared: bool = True) -> None:
+        """Keep logging every id taken after openai-harmony's parser took over too (one array
+        for both this parser's replay and the recovery accounting's ids), or no longer: the log
+        goes once that parser took over."""
+        self._keep = shared
+        if not shared and self._real is not None:
+            self._log = array("I")
+
+    @property
     def delegated(self) -> bool:
         """Whether openai-harmony's parser took over (for tests and benchmarks)."""
         return self._real is not None
@@ -182,6 +199,8 @@ class HarmonyParser:
                 return
             self._delegate()
         self._real.process(token)
+        if self._keep:
+            self._log.append(token)
 
     def text(self, token_ids: Sequence[int], position: int, deltas: list[str]) -> int:
         """Take the content tokens from `position` on while they are plain text for the fast
@@ -289,7 +308,8 @@ class HarmonyParser:
         for token in self._log:
             real.process(token)
         self._real = real
-        self._log = array("I")
+        if not self._keep:
+            self._log = array("I")
 
 
 def _incomplete(error: UnicodeDecodeError, data: bytes) -> bool:

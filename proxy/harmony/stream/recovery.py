@@ -23,12 +23,14 @@ the core only that id), an id outside a message (the core skips it, upstream's p
 it), a `<|start|>` inside content (the core ends the message, upstream's parser takes it as
 text), an id that is no u32 (upstream's stream breaks). The core reports each with
 `diverged()`; from then on the full model (`UnpatchedStream`) takes over: it is made, replays
-the frames before (their ids are kept as 4-byte words, which the full model kept too) and runs
-on every later frame, as the whole accounting did before.
+the frames before and runs on every later frame, as the whole accounting did before. Until
+then every id of every frame went to the parser, which logs them as 4-byte words for its own
+replay: the frames' ids are read from that log (`HarmonyParser.share_log`), the first `_count`
+of them, cut by the frames' sizes, not kept a second time.
 
 `response.completed` is rebuilt upstream from all ids by a builder that may raise; whether it
 does depends on the message headers alone except for browser calls (`unpatched_output.may_fail`),
-and when the ids end inside a header. Only then are the kept ids parsed again, once, at the end.
+and when the ids end inside a header. Only then are the logged ids parsed again, once, at the end.
 Equality with the full model on every recorded stream and on random token streams is tested
 (`tests/test_recovery.py`).
 """
@@ -71,6 +73,7 @@ class RecoveryAccounting:
     """
 
     __slots__ = (
+        "_count",
         "_ctx",
         "_diverged",
         "_encoding",
@@ -78,24 +81,32 @@ class RecoveryAccounting:
         "_frames",
         "_full",
         "_full_frames",
-        "_ids",
         "_item_added",
         "_last_done",
         "_may_fail",
         "_open_done",
+        "_parser",
         "_sizes",
         "_tally",
     )
 
     def __init__(
-        self, encoding: HarmonyEncoding, ctx: ResponseContext, tally: Tally, *, derive: bool = True
+        self,
+        encoding: HarmonyEncoding,
+        ctx: ResponseContext,
+        tally: Tally,
+        parser: HarmonyParser,
+        *,
+        derive: bool = True,
     ) -> None:
         self._encoding = encoding
         self._ctx = ctx
         self._tally = tally
+        self._parser = parser  # the core's: its log holds the frames' ids until a divergence
+        parser.share_log(derive)
         self._full: UnpatchedStream | None = None
         self._diverged = not derive
-        self._ids = array("I")  # every id so far, for the full model's replay and the builder
+        self._count = 0  # ids of the frames so far: the parser's log's first, until diverged
         self._sizes = array("I")  # ids per frame
         self._frames: list[_Frame] = []  # derived, not yet counted
         self._full_frames: list[Sequence[int]] = []  # for the full model, not yet fed
@@ -131,9 +142,11 @@ class RecoveryAccounting:
         """The core's parser and upstream's part ways in the frame being fed."""
         self._diverged = True
 
-    def frame(self, token_ids: Sequence[int], parser: HarmonyParser, expect_start: bool) -> None:
-        """The core parsed `token_ids` (one frame); `expect_start`: it waits for <|start|>."""
+    def frame(self, token_ids: Sequence[int], expect_start: bool) -> None:
+        """The core parsed `token_ids` (one frame), every one through its parser unless it
+        reported a divergence; `expect_start`: it waits for <|start|>."""
         if not self._diverged:
+            parser = self._parser
             try:
                 delta = parser.last_content_delta
                 delta_type = None
@@ -142,8 +155,9 @@ class RecoveryAccounting:
             except HarmonyError:  # never seen; the full model would have broken the stream
                 self._diverged = True
             else:
-                self._ids.extend(token_ids)
-                self._sizes.append(len(token_ids))
+                size = len(token_ids)
+                self._count += size
+                self._sizes.append(size)
                 done = self._last_done if expect_start else None
                 self._frames.append((expect_start, done, delta_type, delta if delta_type else None))
                 return
@@ -193,7 +207,7 @@ class RecoveryAccounting:
         if not (in_header or self._may_fail):
             return True
         try:
-            unpatched_output(self._encoding, self._ids, random_id)
+            unpatched_output(self._encoding, self._ids(), random_id)
         except UpstreamOutputError:
             return False
         return True
@@ -202,10 +216,16 @@ class RecoveryAccounting:
         """The full model, brought to where the derived accounting is (frame by frame)."""
         full = UnpatchedStream(self._encoding, self._ctx, random_id)
         full.start()  # counted by start()
-        ids, position = self._ids, 0
+        ids, position = self._ids(), 0
         for size in self._sizes:
             full.feed(ids[position : position + size])  # counted from the core's parse
             position += size
-        self._ids, self._sizes = array("I"), array("I")  # the full model keeps its own
+        self._sizes = array("I")
+        self._parser.share_log(False)  # the full model keeps its own
         self._full = full
         return full
+
+    def _ids(self) -> Sequence[int]:
+        """The frames' ids before any divergence (the parser may have logged more since)."""
+        log = self._parser.log
+        return log if len(log) == self._count else log[: self._count]

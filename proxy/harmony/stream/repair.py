@@ -112,6 +112,7 @@ class ResponseStream(TokenMachine):
         self._parse = HEADER
         self._open: OpenItem | None = None
         self._output: list[ev.Item | KeptItem] = []
+        self._closed: ev.Item | None = None
         self._message_tokens = 0  # tokens of the message being parsed, header included
         self._tally = Tally()
         self._malformed: Counter[str] = Counter()
@@ -122,7 +123,9 @@ class ResponseStream(TokenMachine):
         self._compare = compare_unpatched
         self._recovery: RecoveryAccounting | None = None
         if compare_unpatched:
-            self._recovery = RecoveryAccounting(encoding, ctx, self._tally, derive=derive_unpatched)
+            self._recovery = RecoveryAccounting(
+                encoding, ctx, self._tally, self._parser, derive=derive_unpatched
+            )
         self._status = "in_progress"
         self._finish_reason: str | None = None
         self._check = None if ctx.constraint is None else ConstraintCheck(ctx.constraint)
@@ -160,6 +163,7 @@ class ResponseStream(TokenMachine):
         """
         self._require(_Phase.STREAMING, "feed")
         self._tally.frames += 1
+        self._closed = None  # the last frame's events are on their way: kept items suffice
         fast = self._ctx.coalesce_deltas
         position, end = 0, len(token_ids)
         tracked = self._logprobs is not None
@@ -185,7 +189,7 @@ class ResponseStream(TokenMachine):
         if self._open is not None:
             self._flush(self._open)
         if self._recovery is not None:
-            self._recovery.frame(token_ids, self._parser, self._parse is EXPECT_START)
+            self._recovery.frame(token_ids, self._parse is EXPECT_START)
         return self._log.take()
 
     def finish(
@@ -328,10 +332,14 @@ class ResponseStream(TokenMachine):
         error: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         produced = self._tally.tokens if output_tokens is None else output_tokens
+        closed = self._closed  # the last item, closed in this frame: listed as it is
+        output = [shown(item) for item in (self._output if closed is None else self._output[:-1])]
+        if closed is not None:
+            output.append(closed)
         return response_object(
             self._ctx,
             status=self._status,
-            output=[shown(item) for item in self._output],
+            output=output,
             usage=None
             if self._status == "in_progress"
             else usage(self._ctx.input_tokens, produced, self._tally.reasoning_tokens),

@@ -63,6 +63,19 @@ class GuardedProtocol(ClosingProtocol):
     """uvicorn's httptools protocol with the limits of the module doc (bound to a `Guard` by
     `Guard.protocol`)."""
 
+    __slots__ = (  # ClosingProtocol's comment
+        "_body_bytes",
+        "_body_seen",
+        "_body_started",
+        "_body_timer",
+        "_counted",
+        "_head_timer",
+        "_keep_alive_after_body",
+        "_limits",
+        "_pending",
+        "_running",
+    )
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._limits = self.guard.limits

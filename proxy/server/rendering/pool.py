@@ -226,6 +226,7 @@ class RenderPool:
             # MAX_DEPTH 100) in one walk of the body, before anything is rendered.
             payload = b""
         if not payload or is_cheap(payload):
+            del payload  # orjson's output reserves 4 KB at the least: not kept while it waits
             return await self._render_inline(body)
         if not self._started or self._closing:
             raise RuntimeError("the render pool is not running (start it in the lifespan)")
