@@ -279,5 +279,10 @@ async def serve_proxy(
             "pid": os.getpid(),
         },
     )
-    async with serve_metrics(registry, settings.host, metrics_port):
-        await server.serve(sockets)
+    young = collector.YoungPasses(lambda: state.active > 0)
+    young.start()
+    try:
+        async with serve_metrics(registry, settings.host, metrics_port):
+            await server.serve(sockets)
+    finally:
+        young.stop()
