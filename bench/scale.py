@@ -4,8 +4,9 @@
                                     [--limit-mib 1024] [--before DIR] [--setting NAME=VALUE ...]
 
 One `python -m proxy serve --workers N` (production settings, the default embedded store, its
-`max_concurrent_streams` raised to let every stream in), the simulator (`--token-ms` per token of
-each stream, `stream_interval` 20) and the load generator in this process, on uvloop. A GPU that
+`max_concurrent_streams` and `max_connections` raised to let every stream in), the simulator
+(`--token-ms` per token of each stream, `stream_interval` 20) and the load generator in this
+process, on uvloop. A GPU that
 holds 4,000 streams at once gives each a few tokens a second (its batch shares one forward pass per
 token): 160 ms per token is 25,000 tokens/s in all, about what one gpt-oss-120b server makes at a
 large batch; 2 ms per token (the other benchmarks' pace) would be 2 million tokens/s, ten cores'
@@ -151,7 +152,14 @@ async def run(args: argparse.Namespace) -> None:
     )
     recorder = harness.SendRecorder(create_simulator_app(config, encoding))
     sim = await start_simulator(config, encoding, app=recorder)  # type: ignore[arg-type]
-    settings = {"max_concurrent_streams": str(args.streams * 2), **dict(args.setting)}
+    # Every stream let in, and every connection: SO_REUSEPORT spreads them over the workers by a
+    # hash, so one worker may get more than half (`max_connections` is per worker; its default,
+    # 2,048, refused 2-6 of 4,000 in some runs).
+    settings = {
+        "max_concurrent_streams": str(args.streams * 2),
+        "max_connections": str(args.streams),
+        **dict(args.setting),
+    }
     if args.workers > 1:
         settings["workers"] = str(args.workers)
     body = {"model": harness.MODEL, "input": "Where is my order?", "stream": True}
