@@ -81,6 +81,7 @@ def _passes(tally: _Tally, busy: bool) -> collector.YoungPasses:
         period=0.005,
         idle_period=0.005,
         young=lambda: tally.young,
+        passes=lambda: 0,  # CPython runs no young pass of its own
         counts=tally.counts,
         collect=tally.collect,
     )
@@ -125,3 +126,18 @@ def test_old_objects_freed_hide_new_ones_from_cpythons_count_and_the_tick_finds_
     _run_ticks(passes, 0.05)
     assert passes.forced >= 1
     assert len(gc.get_objects(0)) <= 2 * threshold
+
+
+def test_a_young_pass_of_cpythons_own_since_the_last_look_is_enough() -> None:
+    tally = _Tally(young=10 * gc.get_threshold()[0])
+    ran = iter(range(1, 1000))  # a young pass of its own between every two looks
+    passes = collector.YoungPasses(
+        lambda: True,
+        period=0.005,
+        idle_period=0.005,
+        young=lambda: tally.young,
+        passes=lambda: next(ran),
+        collect=tally.collect,
+    )
+    _run_ticks(passes, 0.05)
+    assert tally.collected == []

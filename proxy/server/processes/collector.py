@@ -20,12 +20,13 @@ allocated less those freed exceed 700, and it counts every freed object, old one
 When many streams end together, their old objects die by the thousand, the count stays near
 zero, and the young generation grows unchecked: passes over 30,000-40,000 young objects, 12-20
 ms each, measured in a 4,000-stream run (a stall of every open stream's frames, like a full
-pass's). While requests are in flight, `YoungPasses` counts the young generation every
-`YOUNG_PERIOD` (a list of its objects: microseconds while it is as small as it should be) and,
-when it holds twice the threshold or more, runs the pass the count skipped (young, or young
-and middle when CPython's rule for the middle generation is due): a few thousand objects at
-most, well under the passes it prevents. Otherwise it does nothing, so the passes
-that CPython runs, and the middle and full passes they lead to, are as they were.
+pass's). While requests are in flight, `YoungPasses` looks every `YOUNG_PERIOD`: when CPython
+ran no young pass meanwhile, it counts the young generation (a list of its objects: tens of
+microseconds while it is as small as it should be) and, when that holds twice the threshold or
+more, runs the pass the count skipped (young, or young and middle when CPython's rule for the
+middle generation is due): a few thousand objects at most, well under the passes it prevents.
+Otherwise it does nothing, so the passes that CPython runs, and the middle and full passes they
+lead to, are as they were.
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ def _young_objects() -> int:
     return len(gc.get_objects(0))
 
 
+def _young_passes() -> int:
+    return int(gc.get_stats()[0]["collections"])
+
+
 class YoungPasses:
     """The young passes that CPython's count skips, while `busy()` (module docstring).
     `start()` on the serving loop, `stop()` when it ends."""
@@ -64,6 +69,7 @@ class YoungPasses:
         period: float = YOUNG_PERIOD,
         idle_period: float = IDLE_PERIOD,
         young: Callable[[], int] = _young_objects,
+        passes: Callable[[], int] = _young_passes,
         counts: Callable[[], tuple[int, int, int]] = gc.get_count,
         collect: Callable[[int], object] = gc.collect,
     ) -> None:
@@ -71,6 +77,8 @@ class YoungPasses:
         self._period = period
         self._idle_period = idle_period
         self._young = young
+        self._passes = passes
+        self._seen = -1
         self._counts = counts
         self._collect = collect
         self._timer: asyncio.TimerHandle | None = None
@@ -87,11 +95,14 @@ class YoungPasses:
     def _tick(self) -> None:
         busy = self._busy()
         thresholds = gc.get_threshold()
-        if busy and self._young() > MISSED_AT * thresholds[0]:
+        # A young pass since the last tick left the generation small: no need to count it.
+        passes, self._seen = self._seen, self._passes()
+        if busy and passes == self._seen and self._young() > MISSED_AT * thresholds[0]:
             # As CPython's own pass would: the middle generation with it once enough young
             # passes ran (an explicit young pass counts as one, but never starts a middle
             # pass: without this, the middle generation grows as the young one did).
             self._collect(1 if self._counts()[1] > thresholds[1] else 0)
             self.forced += 1
+            self._seen = self._passes()
         delay = self._period if busy else self._idle_period
         self._timer = asyncio.get_running_loop().call_later(delay, self._tick)
