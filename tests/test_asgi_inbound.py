@@ -4,6 +4,7 @@ read by someone else (a pass-through), and after it was read."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import pytest
 from starlette.types import Message
@@ -21,14 +22,20 @@ class _Receive:
         return await self.queue.get()
 
 
+async def _streaming() -> tuple[_Receive, asgi.Inbound, AsyncIterator[bytes], asyncio.Future[None]]:
+    """An inbound whose body has started (one chunk read, more to come) and a task waiting for
+    the client's disconnect meanwhile."""
+    receive = _Receive()
+    inbound = asgi.Inbound(receive)
+    reader = inbound.stream_body(0)
+    receive.queue.put_nowait({"type": "http.request", "body": b"a", "more_body": True})
+    assert await reader.__anext__() == b"a"
+    return receive, inbound, reader, asyncio.ensure_future(inbound.wait_disconnect())
+
+
 def test_waits_for_the_body_reader_then_reads_the_disconnect() -> None:
     async def scenario() -> None:
-        receive = _Receive()
-        inbound = asgi.Inbound(receive)
-        reader = inbound.stream_body(0)
-        receive.queue.put_nowait({"type": "http.request", "body": b"a", "more_body": True})
-        assert await reader.__anext__() == b"a"
-        watcher = asyncio.ensure_future(inbound.wait_disconnect())
+        receive, inbound, reader, watcher = await _streaming()
         await asyncio.sleep(0.01)
         assert not watcher.done()  # the body still streams: the watcher does not receive
         receive.queue.put_nowait({"type": "http.request", "body": b"b", "more_body": False})
@@ -44,12 +51,7 @@ def test_waits_for_the_body_reader_then_reads_the_disconnect() -> None:
 
 def test_a_disconnect_while_the_body_streams_ends_the_wait() -> None:
     async def scenario() -> None:
-        receive = _Receive()
-        inbound = asgi.Inbound(receive)
-        reader = inbound.stream_body(0)
-        receive.queue.put_nowait({"type": "http.request", "body": b"a", "more_body": True})
-        assert await reader.__anext__() == b"a"
-        watcher = asyncio.ensure_future(inbound.wait_disconnect())
+        receive, inbound, reader, watcher = await _streaming()
         cancelled = asyncio.ensure_future(inbound.wait_disconnect())
         await asyncio.sleep(0.01)
         cancelled.cancel()  # one waiter gone does not disturb the other
