@@ -34,7 +34,12 @@ BUDGET = 256 * 1024  # body_budget_bytes
 HOSTILE = {
     "run": {"model": MODEL, "input": "a" * 1_000_000},
     "cjk": {"model": MODEL, "input": "中" * 100_000},
-    "items": {"model": MODEL, "input": [{"role": "user", "content": "a"}] * 100_000},
+    # openai-harmony renders each (~75 µs); plain user messages alone would be assembled from
+    # cached ids (request/prefix.py) in a fraction of a second
+    "items": {
+        "model": MODEL,
+        "input": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}] * 50_000,
+    },
 }
 
 

@@ -269,6 +269,56 @@ def test_messages_same_with_and_without_cache(
     assert cached == expected
 
 
+#: Texts with what a tokenizer could trip on: special-token strings, emoji, CJK, whitespace runs.
+user_texts = st.lists(
+    st.sampled_from(["<|end|>", "<|start|>", "<|message|>", "<|", "😀", "中文", "  ", "\n\n", "é"])
+    | st.text(max_size=12),
+    max_size=8,
+).map("".join)
+
+
+@FUZZ
+@given(texts=st.lists(user_texts, min_size=1, max_size=5))
+def test_plain_user_messages_assembled_as_openai_harmony_renders_them(
+    encoding: HarmonyEncoding, shared: PrefixCache, texts: list[str]
+) -> None:
+    """The first turn of a chat skips openai-harmony's per-message render: the same ids."""
+    messages = [Message.from_role_and_content(Role.USER, text) for text in texts]
+    expected = encoding.render_conversation(Conversation.from_messages(messages))
+    assert shared.inputs(messages) == expected
+
+
+def test_the_assembly_is_on_for_this_encoding_and_off_for_any_other_message(
+    encoding: HarmonyEncoding, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = PrefixCache(encoding)
+    renders: list[int] = []
+    real = encoding.render_conversation
+
+    def counted(conversation: Conversation, *args: Any) -> list[int]:
+        renders.append(len(conversation.messages))
+        return real(conversation, *args)
+
+    monkeypatch.setattr(encoding, "render_conversation", counted)
+
+    def user() -> Message:  # a new one each time: openai-harmony's `with_*` change the message
+        return Message.from_role_and_content(Role.USER, "Where is my order?")
+
+    assert cache.inputs([user(), user()]) == real(Conversation.from_messages([user(), user()]))
+    assert renders == []  # assembled, not rendered
+    others = [
+        Message.from_author_and_content(Author.new(Role.USER, "named"), "hi"),
+        user().with_channel("final"),
+        user().with_recipient("all"),
+        user().with_content_type("json"),
+        Message.from_role_and_contents(Role.USER, [TextContent(text="a"), TextContent(text="b")]),
+        Message.from_role_and_content(Role.ASSISTANT, "hi"),
+    ]
+    for other in others:
+        assert cache.inputs([user(), other]) == real(Conversation.from_messages([user(), other]))
+    assert renders == [2] * len(others)
+
+
 # -- why the pair, and why the text-only check ---------------------------------------------------
 
 

@@ -12,7 +12,14 @@ With a `PrefixCache`, the prompt is assembled as
     + ids of render_conversation(inputs)               rendered per request
     + ids of render_conversation_for_completion([], Role.ASSISTANT)   `<|start|>assistant`, once
 
-which equals the one-piece render. Why, from openai-harmony 0.0.8 (`src/encoding.rs`):
+which equals the one-piece render. The inputs are the per-request part: when every one is a
+plain user message (one text, no name, channel, recipient or content type: the first turn of a
+chat), `inputs` assembles them from the ids of `<|start|>user<|message|>` and `<|end|>`,
+rendered once, around each text encoded as ordinary text (openai-harmony encodes message text
+so, special-token strings included): ~3 µs for a short message against openai-harmony's ~75
+warm and ~300 on a cold cache (bench/prepare.py). It checks once that this assembly equals
+openai-harmony's render and otherwise leaves every render to it. Why the split is exact, from
+openai-harmony 0.0.8 (`src/encoding.rs`):
 
 - `render_conversation_into` renders the messages one by one with the same `RenderOptions` for
   all; `render_conversation_for_completion_into` is that plus `<|start|>` and the role, appended.
@@ -91,6 +98,7 @@ class PrefixCache:
         self._suffix = tuple(
             encoding.render_conversation_for_completion(Conversation(), Role.ASSISTANT)
         )
+        self._user = _user_frame(encoding)
 
     @property
     def encoding(self) -> HarmonyEncoding:
@@ -104,6 +112,19 @@ class PrefixCache:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def inputs(self, messages: Sequence[Message]) -> list[int]:
+        """Ids of `render_conversation(messages)`; plain user messages assembled (module doc)."""
+        texts = [_plain_user_text(message) for message in messages]
+        if self._user is not None and None not in texts:
+            head, end = self._user
+            ids: list[int] = []
+            for text in texts:
+                ids += head
+                ids += self._encoding.encode(text or "", disallowed_special=())
+                ids += end
+            return ids
+        return self._encoding.render_conversation(Conversation.from_messages(messages))
 
     def stats(self) -> PrefixCacheStats:
         """A snapshot of the counters."""
@@ -184,7 +205,7 @@ def _render_in_pieces(
     """The prompt from the cached prefix, or None when a piece fails to render or to key."""
     try:
         prefix = prefixes.prefix(effort, instructions, toolset)
-        body = prefixes.encoding.render_conversation(Conversation.from_messages(inputs))
+        body = prefixes.inputs(inputs)
     except (ValueError, RuntimeError, orjson.JSONEncodeError):
         # The caller renders in one piece: the same error as without the cache, whichever
         # message openai-harmony trips on first, and of the same type (`render_conversation`
@@ -192,6 +213,42 @@ def _render_in_pieces(
         # HarmonyError; both bindings raise ValueError for JSON they cannot parse).
         return None
     return [*prefix, *body, *prefixes.suffix]
+
+
+def _plain_user_text(message: Message) -> str | None:
+    """The text of a user message of one text and nothing else (rendered `<|start|>user
+    <|message|>`, the text, `<|end|>`); None for any other message."""
+    author = message.author
+    if (
+        author.role is not Role.USER
+        or author.name is not None
+        or message.channel is not None
+        or message.recipient is not None
+        or message.content_type is not None
+        or len(message.content) != 1
+    ):
+        return None
+    content = message.content[0]
+    return content.text if type(content) is TextContent else None
+
+
+#: A text that tells the frame apart from the text: ordinary tokens, one or several.
+_PROBE = "Where is my order? 😀 <|end|>"
+
+
+def _user_frame(encoding: HarmonyEncoding) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The ids before and after a plain user message's text, as openai-harmony renders them;
+    None when the assembly would not equal its render (another encoding or version)."""
+
+    def render(text: str) -> list[int]:
+        message = Message.from_role_and_content(Role.USER, text)
+        return encoding.render_conversation(Conversation.from_messages([message]))
+
+    empty = render("")
+    head, end = tuple(empty[:-1]), tuple(empty[-1:])
+    if render(_PROBE) != [*head, *encoding.encode(_PROBE, disallowed_special=()), *end]:
+        return None
+    return head, end
 
 
 def _text_only(inputs: Sequence[Message]) -> bool:
