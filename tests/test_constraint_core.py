@@ -21,6 +21,7 @@ from proxy.harmony.constraint import (
     CONSTRAINT_VIOLATED,
     ConstraintCheck,
     OutputConstraint,
+    Violation,
     check_schema,
 )
 from proxy.harmony.request.prepare import prepare_request
@@ -455,3 +456,11 @@ def test_random_output_never_completes_with_a_broken_constraint(
     else:
         assert response["status"] == "failed"
         assert stream.violation is not None
+
+
+def test_a_violations_failure_message_names_the_code_and_who_enforced_it() -> None:
+    violation = Violation("json_schema", "the answer is not valid JSON")
+    checked, enforced = violation.failure(False), violation.failure(True)
+    assert checked.startswith(f"{CONSTRAINT_VIOLATED}: the answer is not valid JSON (")
+    assert "does not enforce response_format; the output was checked after the fact" in checked
+    assert enforced.endswith("(upstream enforced response_format)")

@@ -101,6 +101,18 @@ class Violation:
     kind: str
     message: str
 
+    def failure(self, enforced: bool) -> str:
+        """The failed response's message: the code, how the output broke the constraint, and
+        whether upstream enforced it (`enforced`) or it was checked after the fact. The
+        response object's `error.code` is a closed set (`server_error` here), so the message
+        carries the code too, for the non-streamed and stored object."""
+        how = (
+            "upstream enforced response_format"
+            if enforced
+            else "upstream does not enforce response_format; the output was checked after the fact"
+        )
+        return f"{CONSTRAINT_VIOLATED}: {self.message} ({how})"
+
 
 @dataclass(slots=True)
 class ConstraintCheck:

@@ -345,14 +345,7 @@ class Exchange:
         self.error_code = CONSTRAINT_VIOLATED
         enforced = "true" if self.guided else "false"
         self.deps.metrics.constraint_violations.labels(violation.kind, enforced).inc()
-        how = (
-            "upstream enforced response_format"
-            if self.guided
-            else "upstream does not enforce response_format; the output was checked after the fact"
-        )
-        # The response object's `error.code` is a closed set (`server_error` here): the message
-        # carries the code too, for the non-streamed and stored object.
-        message = f"{CONSTRAINT_VIOLATED}: {violation.message} ({how})"
+        message = violation.failure(bool(self.guided))
         raise _End(events + self.core.fail(CONSTRAINT_VIOLATED, message))
 
     async def _keep(self, events: list[dict[str, Any]]) -> None:
