@@ -5,7 +5,7 @@ Theory of operation. A connection is, at any time, waiting for or inside a head 
 `_head_bytes` counts what arrived of it), or inside a body (`_in_body`), while zero or
 more of its requests are being answered (`_running`, then uvicorn's `pipeline` queue). The head
 timer runs from the accept, or from the first byte of a later request, until the head is in;
-the body timer from then until the body is in. A refusal (`_Refusal`, raised from a parser
+the body timer from then until the body is in. A refusal (`refusals.Refusal`, raised from a parser
 callback so that llhttp stops, or made when llhttp rejects the bytes themselves) is answered at
 once, or after the answers ahead of it; from then on input is read and dropped (`_discarding`)
 until the lingering close ends. How a connection ends — answers, lingering closes, and the
@@ -42,21 +42,11 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from proxy.errors import ClientError, ProxyError
+from proxy.server.http import refusals
 from proxy.server.http.closing import ClosingProtocol
 
 #: Requests a client may queue behind the one being answered (module doc, pipelining).
 MAX_PIPELINED = 32
-
-
-class _Refusal(Exception):
-    """Raised from a parser callback to stop parsing a request we answer ourselves."""
-
-    def __init__(self, kind: str | None, status: int, error: ProxyError) -> None:
-        super().__init__(kind)
-        #: The `proxy_http_limits_total` kind; None: not a limit, not counted there.
-        self.kind = kind
-        self.status = status
-        self.error = error
 
 
 class GuardedProtocol(ClosingProtocol):
@@ -93,7 +83,7 @@ class GuardedProtocol(ClosingProtocol):
         self._body_seen = 0.0
         self._running: RequestResponseCycle | None = None
         #: A refusal waiting for the responses ahead of it (a pipelined bad head).
-        self._pending: _Refusal | None = None
+        self._pending: refusals.Refusal | None = None
         #: What the request being received asked of keep-alive, restored once its body is in.
         self._keep_alive_after_body = False
 
@@ -168,9 +158,9 @@ class GuardedProtocol(ClosingProtocol):
             self.parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
             refusal = exc.__context__
-            if isinstance(refusal, _Refusal):
+            if isinstance(refusal, refusals.Refusal):
                 self._refuse(refusal)
-            elif isinstance(refusal, _PipelineFull):
+            elif isinstance(refusal, refusals.PipelineFull):
                 self._stop_reading_requests()
             else:
                 self._bad_request()
@@ -188,7 +178,7 @@ class GuardedProtocol(ClosingProtocol):
         if self._in_head:
             if self._head_bytes > self._limits.max_header_bytes:
                 # A head this long that is still incomplete (the parser holds its partial line).
-                self._refuse(self._too_large())
+                self._refuse(refusals.head_too_large(self._limits.max_header_bytes))
             elif self._head_bytes and self._head_timer is None:
                 self._head_timer = self.loop.call_later(
                     self._limits.header_timeout, self._head_timeout
@@ -207,7 +197,7 @@ class GuardedProtocol(ClosingProtocol):
             code="bad_request",
         )
         if not self._in_body:
-            self._refuse(_Refusal(None, 400, error))
+            self._refuse(refusals.Refusal(None, 400, error))
             return
         # A malformed body (a bad chunk): its request can never be whole, so its app is told the
         # client is gone; our 400 when nothing was answered yet, else just the close.
@@ -222,20 +212,12 @@ class GuardedProtocol(ClosingProtocol):
         # Checked once the head is in, not per header line; until then `_head_bytes` bounds it.
         limits = self._limits
         if len(self.headers) > limits.max_headers:
-            raise _Refusal(
-                "too_many_headers",
-                431,
-                ClientError(
-                    f"the request has more than {limits.max_headers} header fields",
-                    status=431,
-                    code="request_header_fields_too_large",
-                ),
-            )
+            raise refusals.too_many_headers(limits.max_headers)
         size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
         if size > limits.max_header_bytes:
-            raise self._too_large()
+            raise refusals.head_too_large(limits.max_header_bytes)
         if len(self.pipeline) >= MAX_PIPELINED:
-            raise _PipelineFull()
+            raise refusals.PipelineFull()
         self._cancel_head_timer()
         self._leave_waiting()
         self._in_head = False
@@ -296,18 +278,6 @@ class GuardedProtocol(ClosingProtocol):
 
     # -- limits ----------------------------------------------------------------------------
 
-    def _too_large(self) -> _Refusal:
-        limit = self._limits.max_header_bytes
-        return _Refusal(
-            "head_too_large",
-            431,
-            ClientError(
-                f"the request head exceeds the limit of {limit} bytes",
-                status=431,
-                code="request_header_fields_too_large",
-            ),
-        )
-
     def _head_timeout(self) -> None:
         self._head_timer = None
         if self._responding():
@@ -319,13 +289,7 @@ class GuardedProtocol(ClosingProtocol):
             self._leave_waiting()
             self.transport.close()  # it never sent a byte: nobody to answer
             return
-        seconds = self._limits.header_timeout
-        error = ClientError(
-            f"the request head was not received within {seconds:g} s",
-            status=408,
-            code="request_timeout",
-        )
-        self._refuse(_Refusal("head_timeout", 408, error))
+        self._refuse(refusals.head_timeout(self._limits.header_timeout))
 
     def _body_check(self) -> None:
         self._body_timer = None
@@ -371,7 +335,7 @@ class GuardedProtocol(ClosingProtocol):
             self._disconnect_all()
             self.transport.close()
 
-    def _refuse(self, refusal: _Refusal) -> None:
+    def _refuse(self, refusal: refusals.Refusal) -> None:
         """Answer a request we stopped parsing: now, or after the responses ahead of it."""
         if refusal.kind is not None:
             self.guard.observe(refusal.kind)
@@ -406,7 +370,3 @@ class GuardedProtocol(ClosingProtocol):
         if self._body_timer is not None:
             self._body_timer.cancel()
             self._body_timer = None
-
-
-class _PipelineFull(Exception):
-    """Raised from `on_headers_complete` when `MAX_PIPELINED` requests wait already."""
